@@ -1,0 +1,46 @@
+# The project's vocabulary (README.md lists these): make, make test, make demo, make bench,
+# make lint, make asan, make tsan. Every target sets itself up first (scripts/setup.sh).
+PY := .venv/bin/python
+BUILD := build
+# NOTE: one build at a time in a build folder (several shells may run make at once).
+LOCKED := flock $(BUILD)/.lock
+
+.PHONY: all setup build test test-cpp test-python demo bench lint asan tsan clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	@mkdir -p $(BUILD)
+	@[ -f $(BUILD)/build.ninja ] || $(LOCKED) cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(abspath $(PY))
+	@$(LOCKED) cmake --build $(BUILD)
+
+test: test-cpp test-python
+
+test-cpp: build
+	$(BUILD)/runtime_tests --gtest_brief=1
+
+test-python: build
+	$(PY) -m pytest tests/python
+
+demo: build
+	$(PY) examples/03_train_gpt.py
+
+bench: build
+	$(PY) benchmarks/eager_overhead.py
+
+lint: setup
+	@command -v clang-format >/dev/null || (echo "lint: apt-get install clang-format" && exit 1)
+	clang-format --dry-run --Werror $$(git ls-files 'csrc/*.cpp' 'csrc/*.h' 'tests/cpp/*.cpp')
+	.venv/bin/pip install -q ruff && .venv/bin/ruff check openneuron tests benchmarks examples
+
+asan tsan: setup
+	cmake -S . -B build-$@ -G Ninja -DOPENNEURON_RUNTIME_ONLY=ON \
+	  -DOPENNEURON_SANITIZER=$(if $(filter asan,$@),address,thread)
+	cmake --build build-$@
+	build-$@/runtime_tests --gtest_brief=1
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan openneuron/_C*.so

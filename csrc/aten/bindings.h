@@ -1,0 +1,15 @@
+// The pieces of the Python extension openneuron._C. module.cpp creates the module and calls
+// each bind_* below; each lives next to the feature it exposes.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace openneuron::aten {
+
+void bind_device(pybind11::module_& m);   // device.cpp: count, current, properties, sync
+void bind_streams(pybind11::module_& m);  // streams.cpp: current/default stream, set_stream
+void bind_memory(pybind11::module_& m);   // allocator.cpp: stats, empty_cache, mem_get_info
+void bind_random(pybind11::module_& m);   // generator.cpp: default generators
+void bind_ops(pybind11::module_& m);      // ops/: ops_report and fallback counters
+
+}  // namespace openneuron::aten

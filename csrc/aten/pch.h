@@ -1,0 +1,14 @@
+// Precompiled header for csrc/aten: the torch headers every glue file needs. Nothing else
+// includes torch outside csrc/aten.
+#pragma once
+
+#include <Python.h>
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/library.h>

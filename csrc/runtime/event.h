@@ -1,0 +1,35 @@
+// Events: markers in a stream's queue, for cross-stream ordering and timing. Owning RAII
+// handle over a HAL event; not copyable, movable.
+#pragma once
+
+#include "hal.h"
+#include "stream.h"
+
+namespace openneuron::runtime {
+
+class Event {
+ public:
+  explicit Event(unsigned flags = kEventDefault);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  Event(Event&& o) noexcept;
+  Event& operator=(Event&& o) noexcept;
+
+  void record(const Stream& s);
+  // Work enqueued on s from now on waits for this event's latest record.
+  void block(const Stream& s) const;
+  bool query() const;        // true if never recorded or the latest record has been reached
+  void synchronize() const;  // sync point
+  // Milliseconds from this event's record to end's; both need kEventTiming and must be reached.
+  float elapsed_ms(const Event& end) const;
+  // Device of the latest record; -1 if never recorded.
+  DeviceIndex device() const { return device_; }
+  HalEvent* hal_event() const { return event_; }
+
+ private:
+  HalEvent* event_ = nullptr;
+  DeviceIndex device_ = -1;
+};
+
+}  // namespace openneuron::runtime

@@ -1,0 +1,50 @@
+// Streams as the layers above see them: cheap value handles (device, id) over HAL streams.
+// Each device has a default stream (id 0) and pools of streams per priority, handed out
+// round-robin like CUDA's; HAL streams behind them are created on first use. The calling
+// thread's current stream is per device, the default stream until set.
+#pragma once
+
+#include <cstdint>
+
+#include "hal.h"
+
+namespace openneuron::runtime {
+
+constexpr int kStreamPoolSize = 32;      // streams per priority level per device
+constexpr int kStreamPriorityHigh = -1;  // priorities are clamped to [kStreamPriorityHigh, 0]
+
+class Stream {
+ public:
+  Stream() = default;  // device 0, default stream
+  Stream(DeviceIndex device, int64_t id) : device_(device), id_(id) {}
+
+  DeviceIndex device() const { return device_; }
+  // 0 = default stream; otherwise a pool stream. Stable: stream_from_id(device, id) == *this.
+  int64_t id() const { return id_; }
+  int priority() const;
+  // The HAL stream, created on first use. thread-safe.
+  HalStream* hal_stream() const;
+
+  void enqueue(Work work) const;  // see Hal::stream_enqueue
+  void memcpy(void* dst, const void* src, size_t bytes, CopyKind kind) const;
+  void synchronize() const;  // sync point
+  bool query() const;
+
+  bool operator==(const Stream& o) const { return device_ == o.device_ && id_ == o.id_; }
+  bool operator!=(const Stream& o) const { return !(*this == o); }
+
+ private:
+  DeviceIndex device_ = 0;
+  int64_t id_ = 0;
+};
+
+Stream stream_default(DeviceIndex d);
+// Next stream of the pool for this priority (clamped), round-robin.
+Stream stream_from_pool(DeviceIndex d, int priority = 0);
+// Inverse of Stream::id(); throws DeviceError for an id that names no stream.
+Stream stream_from_id(DeviceIndex d, int64_t id);
+// The calling thread's current stream on d (the default stream until set).
+Stream stream_current(DeviceIndex d);
+void stream_set_current(const Stream& s);
+
+}  // namespace openneuron::runtime

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine: system packages (apt), a virtualenv in .venv with the
+# pinned torch and test tools, and the editable build of openneuron. Fast the second time.
+# Called by `make setup` (and so by `make demo` / `make test`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v ninja >/dev/null || need+=(ninja-build)
+command -v ccache >/dev/null || need+=(ccache)
+command -v g++ >/dev/null || need+=(g++)
+[ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+python3 -c "import ensurepip" 2>/dev/null || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing system packages: ${need[*]}"
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+stamp=.venv/.openneuron-deps
+want="$(sha1sum pyproject.toml | cut -c1-40)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing python packages into .venv"
+  # NOTE: torch is pinned; an unpinned torch would pull a multi-GB CUDA build.
+  .venv/bin/pip install -q --disable-pip-version-check \
+    torch==2.13.0 setuptools wheel pytest numpy expecttest hypothesis
+  .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+  echo "$want" >"$stamp"
+fi
