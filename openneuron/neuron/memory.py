@@ -1,0 +1,173 @@
+# torch.neuron memory management, mirroring torch.cuda.memory. Statistics come from the caching
+# allocator through torch's generic DeviceAllocator path (torch.accelerator.memory_*); device
+# info, snapshots and host (pinned) statistics from openneuron._C (csrc/aten/allocator.cpp).
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from openneuron import _C
+
+from .device import _check_index, _get_device_index, device_count, is_initialized
+
+__all__ = [
+    "empty_cache",
+    "host_memory_stats",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+]
+
+
+def _index(device) -> int:
+    return _check_index(_get_device_index(device, optional=True))
+
+
+def memory_stats(device=None) -> "OrderedDict[str, Any]":
+    """Allocator statistics of a neuron device, flat keys as torch.cuda.memory_stats.
+
+    E.g. "allocated_bytes.all.current", "reserved_bytes.all.peak", "num_ooms".
+    """
+    return torch.accelerator.memory_stats(_index(device))
+
+
+def memory_stats_as_nested_dict(device=None) -> dict[str, Any]:
+    """memory_stats as nested dictionaries ({"allocated_bytes": {"all": {"current": ...}}})."""
+    if not torch._C._accelerator_isAllocatorInitialized():
+        return {}
+    return torch._C._accelerator_getDeviceStats(_index(device))
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes of device memory occupied by tensors on a neuron device, in this process."""
+    return torch.accelerator.memory_allocated(_index(device))
+
+
+def max_memory_allocated(device=None) -> int:
+    """Peak of memory_allocated since start or the last reset_peak_memory_stats."""
+    return torch.accelerator.max_memory_allocated(_index(device))
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes of device memory held by the caching allocator (allocated plus cached)."""
+    return torch.accelerator.memory_reserved(_index(device))
+
+
+def max_memory_reserved(device=None) -> int:
+    """Peak of memory_reserved since start or the last reset_peak_memory_stats."""
+    return torch.accelerator.max_memory_reserved(_index(device))
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Reset the "peak" statistics to the current values."""
+    torch.accelerator.reset_peak_memory_stats(_index(device))
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Reset the "allocated"/"freed" totals and event counters."""
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
+
+
+def empty_cache() -> None:
+    """Return the allocator's cached, unused blocks of every neuron device to the device."""
+    torch.accelerator.empty_cache()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of a neuron device's memory capacity."""
+    return tuple(_C._mem_get_info(_index(device)))
+
+
+def memory_snapshot() -> list[dict[str, Any]]:
+    """The allocator's segments on every neuron device, as torch.cuda.memory_snapshot.
+
+    Each segment: device, address, total_size, allocated_size, stream, is_large, blocks.
+    """
+    if not is_initialized():
+        return []
+    return [seg for d in range(device_count()) for seg in _C._memory_snapshot(d)]
+
+
+def host_memory_stats() -> dict[str, int]:
+    """Pinned host memory statistics: allocated_bytes, reserved_bytes, num_allocs, num_frees."""
+    return dict(_C._host_memory_stats())
+
+
+def _format_size(n: int) -> str:
+    for unit in ("B  ", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:6d} {unit}" if unit == "B  " else f"{n:6.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _format_count(n: int) -> str:
+    return f"{n:10d}"
+
+
+_ROWS = [
+    ("allocated_bytes", "Allocated memory", _format_size),
+    ("active_bytes", "Active memory", _format_size),
+    ("requested_bytes", "Requested memory", _format_size),
+    ("reserved_bytes", "Reserved memory", _format_size),
+    ("inactive_split_bytes", "Non-releasable memory", _format_size),
+    ("allocation", "Allocations", _format_count),
+    ("active", "Active allocs", _format_count),
+    ("segment", "Device reserved segments", _format_count),
+    ("inactive_split", "Non-releasable allocs", _format_count),
+]
+_POOLS = [("all", ""), ("large_pool", "  from large pool"), ("small_pool", "  from small pool")]
+_COLUMNS = ("Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed")
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A human-readable table of the allocator statistics of a neuron device.
+
+    Like torch.cuda.memory_summary: current, peak, total allocated and total freed for each
+    metric, split by pool unless abbreviated.
+    """
+    idx = _index(device)
+    stats = memory_stats(idx)
+    width = 25
+    col = 12
+    inner = width + 4 * (col + 3) + 1
+    line = "|" + "=" * inner + "|"
+    thin = "|" + "-" * inner + "|"
+
+    def row(label: str, cells: list[str]) -> str:
+        return "| " + label.ljust(width) + "".join(f"| {c:>{col}} " for c in cells) + "|"
+
+    lines = [
+        line,
+        "| " + f"neuron:{idx} memory summary (this process)".ljust(inner - 1) + "|",
+        line,
+        row("Metric", list(_COLUMNS)),
+        thin,
+    ]
+    for key, label, fmt in _ROWS:
+        pools = _POOLS[:1] if abbreviated else _POOLS
+        for pool, suffix in pools:
+            cells = [
+                fmt(int(stats.get(f"{key}.{pool}.{metric}", 0)))
+                for metric in ("current", "peak", "allocated", "freed")
+            ]
+            lines.append(row(label if not suffix else suffix, cells))
+        lines.append(thin)
+    free, total = mem_get_info(idx)
+    for label, value in (
+        ("Device capacity", _format_size(total)),
+        ("Device free", _format_size(free)),
+        ("Allocation retries", _format_count(int(stats.get("num_alloc_retries", 0)))),
+        ("Out-of-memory errors", _format_count(int(stats.get("num_ooms", 0)))),
+    ):
+        lines.append("| " + label.ljust(width) + f"| {value:>{col}}".ljust(4 * (col + 3)) + "|")
+    lines.append(line)
+    return "\n".join(lines) + "\n"
