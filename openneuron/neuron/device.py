@@ -43,7 +43,7 @@ def _is_in_bad_fork() -> bool:
 
     torch.manual_seed / torch.seed consult this before seeding the device (torch/random.py).
     """
-    return _in_bad_fork
+    return _in_bad_fork or _C._is_in_bad_fork()
 
 
 def _after_fork_in_child() -> None:
@@ -72,7 +72,7 @@ def device_count() -> int:
 
 def is_initialized() -> bool:
     """True once the neuron runtime has been initialized in this process."""
-    return _initialized and not _in_bad_fork
+    return _initialized and not _is_in_bad_fork()
 
 
 def init() -> None:
@@ -105,16 +105,16 @@ def _lazy_init() -> None:
     with _init_lock:
         if is_initialized():
             return
-        if _in_bad_fork:
+        if _is_in_bad_fork():
             raise RuntimeError(
                 "Cannot re-initialize neuron in a forked subprocess: the parent had already "
                 "initialized it. Use the 'spawn' start method with multiprocessing "
                 "(torch.multiprocessing.set_start_method('spawn'))."
             )
-        _C._init()
         _tls.is_initializing = True
-        _queued_calls.extend(call for call in _lazy_seed_tracker.get_calls() if call)
         try:
+            _C._init()
+            _queued_calls.extend(call for call in _lazy_seed_tracker.get_calls() if call)
             for queued_call, origin in _queued_calls:
                 try:
                     queued_call()
@@ -123,10 +123,10 @@ def _lazy_init() -> None:
                         "neuron: a call deferred until initialization failed: "
                         f"{err}\nIt was made from:\n{''.join(origin)}"
                     ) from err
-        finally:
-            _tls.is_initializing = False
             _queued_calls.clear()
             _lazy_seed_tracker = _LazySeedTracker()
+        finally:
+            _tls.is_initializing = False
         _initialized = True
 
 

@@ -1,0 +1,55 @@
+# Shared pytest fixtures for the Python tests: a subprocess runner (for anything that depends on
+# environment variables read once per process: NEURON_RT_VISIBLE_CORES, OPENNEURON_DEVICE_MEMORY,
+# NEURON_LAUNCH_BLOCKING, autoload) and a per-test synchronize so asynchronous errors are
+# reported by the test that caused them. Test files are one per capability (test_device.py ...).
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Variables a test subprocess must not inherit from the developer's shell.
+_CONFIG_VARS = (
+    "NEURON_RT_VISIBLE_CORES",
+    "OPENNEURON_DEVICE_MEMORY",
+    "NEURON_LAUNCH_BLOCKING",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD",
+)
+
+
+def run_python(code: str, env: dict[str, str] | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter of this venv with a clean neuron configuration."""
+    full_env = {k: v for k, v in os.environ.items() if k not in _CONFIG_VARS}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.fixture
+def run_py() -> Callable[..., subprocess.CompletedProcess]:
+    """run_py(code, env=None) -> CompletedProcess; see run_python."""
+    return run_python
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The first neuron device."""
+    return torch.device("neuron:0")
+
+
+@pytest.fixture(autouse=True)
+def _synchronize_neuron():
+    yield
+    neuron = getattr(torch, "neuron", None)
+    if neuron is not None and neuron.is_initialized():
+        for i in range(neuron.device_count()):
+            neuron.synchronize(i)
