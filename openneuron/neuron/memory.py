@@ -101,16 +101,16 @@ def host_memory_stats() -> dict[str, int]:
     return dict(_C._host_memory_stats())
 
 
-def _format_size(n: int) -> str:
-    for unit in ("B  ", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:6d} {unit}" if unit == "B  " else f"{n:6.1f} {unit}"
+def _format_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
 
 
 def _format_count(n: int) -> str:
-    return f"{n:10d}"
+    return str(n)
 
 
 _ROWS = [
