@@ -2,6 +2,7 @@
 # torch.backends autoload entry point (`_autoload`). Thin on purpose: the device surface is in
 # openneuron/neuron/ (torch.neuron), ops and runtime are in the C++ extension openneuron._C.
 # Importing this package never raises: a missing extension or a bad configuration warns once.
+import importlib
 import warnings
 
 import torch
@@ -33,7 +34,7 @@ def _register() -> None:
     if _registered or _import_error is not None:
         return
     try:
-        from openneuron import _C
+        _C = importlib.import_module("openneuron._C")
     except Exception as err:  # a missing or broken build must not break `import torch`
         _import_error = err
         _warn_once(
