@@ -13,8 +13,8 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -48,7 +48,7 @@ def matmul(device: torch.device):
 
 
 def cases(scale_ops: float) -> list[Case]:
-    n = lambda k: max(1, int(k * scale_ops))  # noqa: E731
+    n = lambda k: max(1, int(k * scale_ops))
     return [
         Case("small op: add, 100 elements", "us/op", True, 1.5, n(20_000), small_add, 0, 1e-6),
         Case("throughput: add, 4M float32", "Gelem/s", False, 0.95, n(50), big_add,

@@ -8,8 +8,8 @@ import argparse
 import math
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 
 def spirals(n: int, generator: torch.Generator):

@@ -13,7 +13,6 @@ import sys
 import time
 
 import torch
-
 from gpt import GPT, CharTokenizer, GPTConfig, get_batch, load_text
 
 

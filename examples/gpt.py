@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 DATA_FILE = Path(__file__).parent / "data" / "tiny_tales.txt"
 

@@ -9,11 +9,10 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "examples"))
-from gpt import GPT, CharTokenizer, GPTConfig, get_batch, load_text  # noqa: E402
+from gpt import GPT, CharTokenizer, GPTConfig, get_batch, load_text
 
 NEURON = "neuron"
 STEPS = 20
@@ -115,7 +114,7 @@ def test_main_job_script_runs_end_to_end():
     script = REPO / "examples" / "03_train_gpt.py"
     cmd = [sys.executable, str(script), "--steps", "5", "--batch-size", "4", "--seq-len", "32",
            "--n-layer", "1", "--n-embd", "32", "--log-every", "1", "--sample-chars", "20"]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "device neuron" in out, out
