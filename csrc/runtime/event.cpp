@@ -1,0 +1,44 @@
+// Event: the owning handle over a HAL event (record, block, query, synchronize, elapsed time).
+// The marker semantics live in software_core.cpp; this file only forwards and tracks the
+// device of the latest record.
+#include "event.h"
+
+#include <utility>
+
+namespace openneuron::runtime {
+
+Event::Event(unsigned flags) : event_(hal().event_create(flags)) {}
+
+Event::~Event() {
+  if (event_ != nullptr) hal().event_destroy(event_);
+}
+
+Event::Event(Event&& o) noexcept
+    : event_(std::exchange(o.event_, nullptr)), device_(std::exchange(o.device_, -1)) {}
+
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    std::swap(event_, o.event_);
+    std::swap(device_, o.device_);
+  }
+  return *this;
+}
+
+void Event::record(const Stream& s) {
+  hal().event_record(event_, s.hal_stream());
+  device_ = s.device();
+}
+
+void Event::block(const Stream& s) const { hal().stream_wait_event(s.hal_stream(), event_); }
+
+bool Event::query() const { return event_ == nullptr || hal().event_query(event_); }
+
+void Event::synchronize() const {
+  if (event_ != nullptr) hal().event_sync(event_);
+}
+
+float Event::elapsed_ms(const Event& end) const {
+  return hal().event_elapsed_ms(event_, end.event_);
+}
+
+}  // namespace openneuron::runtime

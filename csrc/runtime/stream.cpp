@@ -1,0 +1,151 @@
+// Stream handles over HAL streams: the default stream (id 0) and, per priority level, a pool of
+// kStreamPoolSize streams handed out round-robin (ids 1 + level * kStreamPoolSize + index, level
+// 0 = priority 0, level 1 = kStreamPriorityHigh). HAL streams are created on first use and live
+// for the process. The calling thread's current stream per device is thread-local.
+#include "stream.h"
+
+#include <array>
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "device.h"
+#include "errors.h"
+#include "stream_registry.h"
+
+namespace openneuron::runtime {
+namespace {
+
+constexpr int kPriorityLevels = 2;
+constexpr int64_t kStreamsPerDevice = 1 + kPriorityLevels * kStreamPoolSize;
+
+struct DeviceStreams {
+  std::mutex mu;
+  std::array<std::atomic<HalStream*>, kStreamsPerDevice> hal{};
+  std::array<std::atomic<uint32_t>, kPriorityLevels> next{};
+};
+
+struct Registry {
+  int count = 0;
+  std::unique_ptr<DeviceStreams[]> devices;
+};
+
+// NOTE: never destroyed, like the HAL: the streams it names outlive static destruction.
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry;
+    reg->count = device_count();
+    reg->devices.reset(new DeviceStreams[reg->count > 0 ? reg->count : 1]);
+    return reg;
+  }();
+  return *r;
+}
+
+DeviceStreams& streams_of(DeviceIndex d) {
+  Registry& r = registry();
+  if (d < 0 || d >= r.count) device_check(d);
+  return r.devices[d];
+}
+
+int level_of(int priority) { return priority < 0 ? 1 : 0; }
+
+void check_id(DeviceIndex d, int64_t id) {
+  if (id < 0 || id >= kStreamsPerDevice) {
+    throw DeviceError("invalid stream id " + std::to_string(id) + " on neuron:" +
+                      std::to_string(d) + ": stream ids are 0 (default stream) to " +
+                      std::to_string(kStreamsPerDevice - 1) +
+                      "; use a Stream obtained from torch.neuron.Stream() or current_stream()");
+  }
+}
+
+thread_local std::vector<int64_t> tl_current_stream;
+
+}  // namespace
+
+int Stream::priority() const {
+  if (id_ <= 0) return 0;
+  return (id_ - 1) / kStreamPoolSize == 0 ? 0 : kStreamPriorityHigh;
+}
+
+HalStream* Stream::hal_stream() const {
+  DeviceStreams& ds = streams_of(device_);
+  check_id(device_, id_);
+  std::atomic<HalStream*>& slot = ds.hal[id_];
+  HalStream* s = slot.load(std::memory_order_acquire);
+  if (s != nullptr) return s;
+  std::lock_guard<std::mutex> lk(ds.mu);
+  s = slot.load(std::memory_order_relaxed);
+  if (s == nullptr) {
+    s = hal().stream_create(device_, priority());
+    slot.store(s, std::memory_order_release);
+  }
+  return s;
+}
+
+void Stream::enqueue(Work work) const { hal().stream_enqueue(hal_stream(), std::move(work)); }
+
+void Stream::memcpy(void* dst, const void* src, size_t bytes, CopyKind kind) const {
+  hal().memcpy(dst, src, bytes, kind, hal_stream());
+}
+
+void Stream::synchronize() const { hal().stream_sync(hal_stream()); }
+
+bool Stream::query() const {
+  DeviceStreams& ds = streams_of(device_);
+  check_id(device_, id_);
+  HalStream* s = ds.hal[id_].load(std::memory_order_acquire);
+  return s == nullptr || hal().stream_query(s);
+}
+
+Stream stream_default(DeviceIndex d) {
+  streams_of(d);
+  return Stream(d, 0);
+}
+
+Stream stream_from_pool(DeviceIndex d, int priority) {
+  DeviceStreams& ds = streams_of(d);
+  const int level = level_of(priority);
+  const uint32_t idx = ds.next[level].fetch_add(1, std::memory_order_relaxed) % kStreamPoolSize;
+  return Stream(d, 1 + static_cast<int64_t>(level) * kStreamPoolSize + idx);
+}
+
+Stream stream_from_id(DeviceIndex d, int64_t id) {
+  streams_of(d);
+  check_id(d, id);
+  return Stream(d, id);
+}
+
+Stream stream_current(DeviceIndex d) {
+  streams_of(d);
+  if (static_cast<size_t>(d) < tl_current_stream.size()) return Stream(d, tl_current_stream[d]);
+  return Stream(d, 0);
+}
+
+void stream_set_current(const Stream& s) {
+  streams_of(s.device());
+  check_id(s.device(), s.id());
+  if (static_cast<size_t>(s.device()) >= tl_current_stream.size()) {
+    tl_current_stream.resize(s.device() + 1, 0);
+  }
+  tl_current_stream[s.device()] = s.id();
+}
+
+void stream_sync_all(DeviceIndex d) {
+  DeviceStreams& ds = streams_of(d);
+  std::exception_ptr first;
+  for (std::atomic<HalStream*>& slot : ds.hal) {
+    HalStream* s = slot.load(std::memory_order_acquire);
+    if (s == nullptr) continue;
+    try {
+      hal().stream_sync(s);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace openneuron::runtime

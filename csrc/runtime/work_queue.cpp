@@ -1,0 +1,163 @@
+// The executor behind each software stream: a ring of kMaxQueuedWork slots, one producer at a
+// time (push_mu_), one executor thread. The executor spins briefly before sleeping so that a
+// steady stream of small ops costs no futex wake per item. Also holds the thread-init hook.
+#include "work_queue.h"
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <utility>
+
+#include "software_core.h"
+
+namespace openneuron::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kExecutorSpin = std::chrono::microseconds(40);
+constexpr auto kWaiterSpin = std::chrono::microseconds(20);
+
+// NOTE: heap objects reached through function-local statics, never destroyed: executor threads
+// of the process-wide HAL may outlive static destruction at exit.
+std::mutex& hook_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::function<void()>& hook() {
+  static auto* f = new std::function<void()>;
+  return *f;
+}
+
+}  // namespace
+
+void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#else
+  std::this_thread::yield();
+#endif
+}
+
+void executor_set_thread_init(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lk(hook_mutex());
+  hook() = std::move(fn);
+}
+
+WorkQueue::WorkQueue(ErrorSink* sink) : sink_(sink), slots_(new Work[kCapacity]) {}
+
+WorkQueue::~WorkQueue() {
+  wait(pushed());
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_.store(true, std::memory_order_seq_cst);
+  }
+  work_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+uint64_t WorkQueue::push(Work&& work) {
+  std::lock_guard<std::mutex> lk(push_mu_);
+  if (!started_) {
+    started_ = true;
+    thread_ = std::thread([this] { run(); });
+  }
+  const uint64_t t = tail_.load(std::memory_order_relaxed);
+  if (t - cached_head_ >= kCapacity) {
+    cached_head_ = head_.load(std::memory_order_acquire);
+    if (t - cached_head_ >= kCapacity) {
+      wait(t - kCapacity + 1);
+      cached_head_ = head_.load(std::memory_order_acquire);
+    }
+  }
+  slots_[t & (kCapacity - 1)] = std::move(work);
+  tail_.store(t + 1, std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> g(mu_);
+    work_cv_.notify_one();
+  }
+  return t + 1;
+}
+
+void WorkQueue::wait(uint64_t ticket) const {
+  if (head_.load(std::memory_order_acquire) >= ticket) return;
+  const auto deadline = Clock::now() + kWaiterSpin;
+  for (unsigned i = 1; head_.load(std::memory_order_acquire) < ticket; ++i) {
+    if ((i & 31) == 0) {
+      if (Clock::now() > deadline) break;
+      std::this_thread::yield();
+    }
+    cpu_relax();
+  }
+  if (head_.load(std::memory_order_acquire) >= ticket) return;
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [&] { return head_.load(std::memory_order_seq_cst) >= ticket; });
+  }
+  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void WorkQueue::run() {
+  {
+    std::function<void()> init;
+    {
+      std::lock_guard<std::mutex> lk(hook_mutex());
+      init = hook();
+    }
+    if (init) init();
+  }
+  uint64_t h = head_.load(std::memory_order_relaxed);
+  for (;;) {
+    uint64_t t = tail_.load(std::memory_order_acquire);
+    if (t == h) {
+      t = await_work(h);
+      if (t == h) return;
+    }
+    for (; h != t; ++h) {
+      Work& w = slots_[h & (kCapacity - 1)];
+      execute(w);
+      // NOTE: captured state (tensors, buffers) is released before the item counts as done,
+      // so a sync point sees every resource of finished work returned.
+      w.fn = nullptr;
+      head_.store(h + 1, std::memory_order_seq_cst);
+      if (waiters_.load(std::memory_order_seq_cst) > 0) {
+        std::lock_guard<std::mutex> g(mu_);
+        done_cv_.notify_all();
+      }
+    }
+  }
+}
+
+uint64_t WorkQueue::await_work(uint64_t h) {
+  const auto deadline = Clock::now() + kExecutorSpin;
+  for (unsigned i = 1;; ++i) {
+    const uint64_t t = tail_.load(std::memory_order_acquire);
+    if (t != h) return t;
+    if (stop_.load(std::memory_order_acquire)) return t;
+    if ((i & 63) == 0 && Clock::now() > deadline) break;
+    cpu_relax();
+  }
+  sleeping_.store(true, std::memory_order_seq_cst);
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    work_cv_.wait(lk, [&] {
+      return tail_.load(std::memory_order_seq_cst) != h || stop_.load(std::memory_order_seq_cst);
+    });
+  }
+  sleeping_.store(false, std::memory_order_relaxed);
+  return tail_.load(std::memory_order_acquire);
+}
+
+void WorkQueue::execute(Work& w) noexcept {
+  try {
+    w.fn();
+  } catch (const std::exception& e) {
+    sink_->on_error(w, e.what());
+  } catch (...) {
+    sink_->on_error(w, "unknown exception (not derived from std::exception)");
+  }
+}
+
+}  // namespace openneuron::runtime

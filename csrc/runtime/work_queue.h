@@ -1,0 +1,75 @@
+// The software NeuronCore's stream engine: a bounded, in-order queue of Work items run by one
+// executor thread (started on the first push). Private to csrc/runtime; software_core.cpp
+// builds HalStream, events and error reporting on top. Not a general thread pool.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "hal.h"
+
+namespace openneuron::runtime {
+
+// Receives the failure of a Work item on the executor thread.
+class ErrorSink {
+ public:
+  virtual ~ErrorSink() = default;
+  virtual void on_error(const Work& work, const char* what) noexcept = 0;
+};
+
+// Spins on the CPU for a few nanoseconds (pause), letting a sibling hyperthread run.
+void cpu_relax() noexcept;
+
+class WorkQueue {
+ public:
+  explicit WorkQueue(ErrorSink* sink);
+  // Waits for every pushed item, then stops and joins the executor thread.
+  ~WorkQueue();
+  WorkQueue(const WorkQueue&) = delete;
+  WorkQueue& operator=(const WorkQueue&) = delete;
+
+  // Appends work; blocks while kMaxQueuedWork items are pending. Returns the item's ticket:
+  // the item has run once done() >= ticket. thread-safe (producers are serialized).
+  uint64_t push(Work&& work);
+  // Blocks until done() >= ticket. Never throws.
+  void wait(uint64_t ticket) const;
+  uint64_t pushed() const { return tail_.load(std::memory_order_acquire); }
+  uint64_t done() const { return head_.load(std::memory_order_acquire); }
+
+ private:
+  static constexpr uint64_t kCapacity = kMaxQueuedWork;
+  static_assert((kCapacity & (kCapacity - 1)) == 0, "queue capacity must be a power of two");
+
+  void run();
+  uint64_t await_work(uint64_t head);
+  void execute(Work& work) noexcept;
+
+  ErrorSink* sink_;
+  std::unique_ptr<Work[]> slots_;
+
+  // Producer side (guarded by push_mu_, except tail_ which the executor reads).
+  std::mutex push_mu_;
+  bool started_ = false;
+  uint64_t cached_head_ = 0;
+  std::thread thread_;
+  alignas(64) std::atomic<uint64_t> tail_{0};  // items pushed
+
+  // Executor side.
+  alignas(64) std::atomic<uint64_t> head_{0};  // items completed
+  // NOTE: producer and executor publish tail_/sleeping_ (and head_/waiters_) with seq_cst
+  // stores followed by a seq_cst load of the other flag, so either the sleeper sees the new
+  // value or the publisher sees the sleeper and notifies under mu_: no lost wake-ups, and no
+  // futex call while the executor is spinning.
+  alignas(64) std::atomic<bool> sleeping_{false};
+  mutable std::atomic<int> waiters_{0};
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;
+  mutable std::condition_variable done_cv_;
+};
+
+}  // namespace openneuron::runtime
