@@ -2,6 +2,7 @@
 # Mirrors torch.cuda's names and behaviour; FSDP2, DeviceMesh, DDP, checkpointing and
 # torch.random look it up as getattr(torch, "neuron"). Pieces: device.py (selection, lazy init),
 # streams.py, memory.py, random.py. Registration itself is in openneuron/__init__.py.
+from . import _utils as _utils
 from .device import (
     _get_device_index as _get_device_index,
     _is_in_bad_fork as _is_in_bad_fork,
