@@ -1,0 +1,55 @@
+// Stream bindings of openneuron._C: the calling thread's current stream, a device's default
+// stream, and set_stream, as (stream_id, device_index, device_type) triples that torch.Stream
+// takes. Conversions live in streams.h; the c10 guard (guard.cpp) serves torch.Stream itself.
+#include "aten/streams.h"
+
+#include <pybind11/pybind11.h>
+
+#include "aten/bindings.h"
+#include "aten/errors.h"
+
+namespace openneuron::aten {
+namespace {
+
+namespace py = pybind11;
+
+py::tuple stream_triple(const runtime::Stream& s) {
+  return py::make_tuple(s.id(), s.device(), static_cast<int>(c10::DeviceType::PrivateUse1));
+}
+
+void set_stream(int64_t stream_id, int device_index, int device_type) {
+  TORCH_CHECK(device_type == static_cast<int>(c10::DeviceType::PrivateUse1),
+              "set_stream: expected a neuron stream, got one of device type ",
+              c10::DeviceTypeName(static_cast<c10::DeviceType>(device_type)));
+  with_torch_errors([&] {
+    int device = device_index < 0 ? runtime::device_current() : device_index;
+    runtime::Stream s = runtime::stream_from_id(device, stream_id);
+    // NOTE: as torch.cuda.set_stream, setting a stream also makes its device current.
+    if (runtime::device_current() != device) runtime::device_set_current(device);
+    runtime::stream_set_current(s);
+  });
+}
+
+}  // namespace
+
+void bind_streams(py::module_& m) {
+  m.def(
+      "_current_stream",
+      [](int device) {
+        return stream_triple(with_torch_errors(
+            [&] { return current_runtime_stream(static_cast<c10::DeviceIndex>(device)); }));
+      },
+      py::arg("device") = -1);
+  m.def(
+      "_default_stream",
+      [](int device) {
+        return stream_triple(with_torch_errors([&] {
+          return runtime::stream_default(device < 0 ? runtime::device_current() : device);
+        }));
+      },
+      py::arg("device") = -1);
+  m.def("_set_stream", &set_stream, py::arg("stream_id"), py::arg("device_index"),
+        py::arg("device_type"));
+}
+
+}  // namespace openneuron::aten
