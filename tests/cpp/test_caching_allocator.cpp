@@ -1,0 +1,262 @@
+// gtests for the caching allocator over the process HAL (test_environment.cpp: 2 devices of
+// 1 GiB): rounding, same-stream reuse, stream-aware deferral (record_stream), split and
+// coalesce, exact statistics, out-of-memory message and recovery, empty_cache, device_of.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "runtime/caching_allocator.h"
+#include "runtime/errors.h"
+#include "test_util.h"
+
+namespace openneuron::runtime {
+namespace {
+
+using testing::Gate;
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+int64_t allocated(DeviceIndex d) { return allocator_stats(d).allocated_bytes[kStatAggregate].current; }
+int64_t reserved(DeviceIndex d) { return allocator_stats(d).reserved_bytes[kStatAggregate].current; }
+
+const SegmentInfo* segment_of(const std::vector<SegmentInfo>& segs, const void* p) {
+  const auto a = reinterpret_cast<uint64_t>(p);
+  for (const SegmentInfo& s : segs) {
+    if (a >= s.address && a < s.address + s.total_size) return &s;
+  }
+  return nullptr;
+}
+
+TEST(CachingAllocator, RoundingAndSegmentSizes) {
+  const Stream s = stream_from_pool(0);
+  const DeviceStats before = allocator_stats(0);
+  void* a = allocator_alloc(1, s);
+  EXPECT_EQ(allocated(0) - before.allocated_bytes[0].current, 512);
+  void* b = allocator_alloc(513, s);
+  EXPECT_EQ(allocated(0) - before.allocated_bytes[0].current, 512 + 1024);
+  void* c = allocator_alloc(kMiB + 1, s);  // large: 2 MiB
+  EXPECT_EQ(allocator_stats(0).allocated_bytes[kStatLargePool].current -
+                before.allocated_bytes[kStatLargePool].current,
+            static_cast<int64_t>(2 * kMiB));
+  void* d = allocator_alloc(12 * kMiB, stream_from_pool(0, kStreamPriorityHigh));  // own segment
+  const auto segs = allocator_snapshot(0);
+  EXPECT_EQ(segment_of(segs, a)->total_size, 2 * kMiB);
+  EXPECT_FALSE(segment_of(segs, a)->is_large);
+  EXPECT_EQ(segment_of(segs, c)->total_size, 20 * kMiB);
+  EXPECT_TRUE(segment_of(segs, c)->is_large);
+  EXPECT_EQ(segment_of(segs, d)->total_size, 12 * kMiB);
+  EXPECT_EQ(segment_of(segs, a)->stream, s.id());
+  EXPECT_EQ(allocator_alloc(0, s), nullptr);
+  for (void* p : {a, b, c, d}) allocator_free(p);
+  EXPECT_EQ(allocated(0), before.allocated_bytes[0].current);
+}
+
+TEST(CachingAllocator, ReuseOnSameStreamOnly) {
+  const Stream s1 = stream_from_pool(0);
+  const Stream s2 = stream_from_pool(0);
+  void* p = allocator_alloc(1000, s1);
+  allocator_free(p);
+  void* q = allocator_alloc(1000, s1);
+  EXPECT_EQ(q, p);
+  allocator_free(q);
+  void* r = allocator_alloc(1000, s2);
+  EXPECT_NE(r, p);
+  const auto segs = allocator_snapshot(0);
+  EXPECT_NE(segment_of(segs, r), segment_of(segs, p));
+  allocator_free(r);
+}
+
+TEST(CachingAllocator, RecordStreamDefersReuseUntilStreamReachesFree) {
+  const Stream s = stream_from_pool(0);
+  const Stream user = stream_from_pool(0);
+  const int64_t base_active = allocator_stats(0).active_bytes[0].current;
+  void* p = allocator_alloc(4096, s);
+  Gate gate;
+  user.enqueue(gate.work());
+  allocator_record_stream(p, user);
+  allocator_record_stream(p, s);  // own stream: ignored
+  allocator_free(p);
+  EXPECT_EQ(allocator_stats(0).active_bytes[0].current - base_active, 4096);
+  void* q = allocator_alloc(4096, s);
+  EXPECT_NE(q, p);  // still in use by `user`
+  allocator_free(q);
+  gate.open();
+  user.synchronize();
+  void* r = allocator_alloc(4096, s);
+  EXPECT_EQ(r, p);
+  allocator_free(r);
+  EXPECT_EQ(allocator_stats(0).active_bytes[0].current, base_active);
+}
+
+TEST(CachingAllocator, SplitAndCoalesce) {
+  const Stream s = stream_default(0);  // no other test allocates on it: a fresh segment
+  allocator_empty_cache(0);
+  const DeviceStats before = allocator_stats(0);
+  void* a = allocator_alloc(1000, s);
+  void* b = allocator_alloc(1000, s);
+  void* c = allocator_alloc(1000, s);
+  ASSERT_EQ(static_cast<char*>(b), static_cast<char*>(a) + 1024);
+  ASSERT_EQ(static_cast<char*>(c), static_cast<char*>(b) + 1024);
+  EXPECT_EQ(segment_of(allocator_snapshot(0), a)->blocks.size(), 4u);  // a, b, c, rest
+  allocator_free(b);
+  EXPECT_EQ(allocator_stats(0).inactive_split[0].current - before.inactive_split[0].current, 2);
+  allocator_free(a);
+  allocator_free(c);
+  const auto segs = allocator_snapshot(0);
+  const SegmentInfo* seg = segment_of(segs, a);
+  ASSERT_NE(seg, nullptr);
+  ASSERT_EQ(seg->blocks.size(), 1u);
+  EXPECT_EQ(seg->blocks[0].size, 2 * kMiB);
+  EXPECT_FALSE(seg->blocks[0].allocated);
+  EXPECT_EQ(seg->allocated_size, 0u);
+  const DeviceStats after = allocator_stats(0);
+  EXPECT_EQ(after.inactive_split[0].current, before.inactive_split[0].current);
+  EXPECT_EQ(after.inactive_split_bytes[0].current, before.inactive_split_bytes[0].current);
+}
+
+TEST(CachingAllocator, StatsAreExact) {
+  const Stream s = stream_from_pool(1);
+  allocator_empty_cache(1);
+  allocator_reset_accumulated(1);
+  allocator_reset_peak(1);
+  const DeviceStats base = allocator_stats(1);
+  std::vector<void*> ptrs;
+  for (int i = 0; i < 10; ++i) ptrs.push_back(allocator_alloc(100, s));
+  ptrs.push_back(allocator_alloc(3 * kMiB, s));
+  DeviceStats st = allocator_stats(1);
+  EXPECT_EQ(st.allocation[0].current - base.allocation[0].current, 11);
+  EXPECT_EQ(st.allocated_bytes[kStatSmallPool].current - base.allocated_bytes[1].current, 5120);
+  EXPECT_EQ(st.allocated_bytes[kStatLargePool].current - base.allocated_bytes[2].current,
+            static_cast<int64_t>(4 * kMiB));
+  EXPECT_EQ(st.requested_bytes[0].current - base.requested_bytes[0].current,
+            static_cast<int64_t>(1000 + 3 * kMiB));
+  EXPECT_EQ(st.reserved_bytes[0].current - base.reserved_bytes[0].current,
+            static_cast<int64_t>(22 * kMiB));
+  EXPECT_EQ(st.segment[0].current - base.segment[0].current, 2);
+  EXPECT_EQ(st.num_device_alloc, 2);
+  for (void* p : ptrs) allocator_free(p);
+  st = allocator_stats(1);
+  EXPECT_EQ(st.allocated_bytes[0].current, base.allocated_bytes[0].current);
+  EXPECT_EQ(st.active_bytes[0].current, base.active_bytes[0].current);
+  EXPECT_EQ(st.requested_bytes[0].current, base.requested_bytes[0].current);
+  EXPECT_EQ(st.allocated_bytes[0].peak, base.allocated_bytes[0].current + 5120 + 4 * 1048576);
+  EXPECT_EQ(st.allocation[0].allocated, 11);
+  EXPECT_EQ(st.allocation[0].freed, 11);
+  allocator_reset_peak(1);
+  EXPECT_EQ(allocator_stats(1).allocated_bytes[0].peak, st.allocated_bytes[0].current);
+  allocator_reset_accumulated(1);
+  EXPECT_EQ(allocator_stats(1).allocation[0].allocated, 0);
+  EXPECT_EQ(allocator_stats(1).num_device_alloc, 0);
+  allocator_empty_cache(1);
+  EXPECT_EQ(reserved(1), base.reserved_bytes[0].current);
+  EXPECT_EQ(allocator_stats(1).num_device_free, 2);
+}
+
+TEST(CachingAllocator, OutOfMemoryMessageAndRecovery) {
+  const Stream s = stream_from_pool(1);
+  allocator_empty_cache(1);
+  ASSERT_EQ(reserved(1), 0);
+  void* held = allocator_alloc(100 * kMiB, s);
+  void* cached = allocator_alloc(300 * kMiB, s);
+  allocator_free(cached);
+  const int64_t ooms = allocator_stats(1).num_ooms;
+  try {
+    allocator_alloc(2 * 1024 * kMiB, s);
+    ADD_FAILURE() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_STREQ(e.what(),
+                 "neuron:1 out of memory: tried to allocate 2.0 GiB (in use 100.0 MiB of 1.0 GiB "
+                 "capacity, 0 B cached). Free tensors, call torch.neuron.empty_cache(), or raise "
+                 "OPENNEURON_DEVICE_MEMORY.");
+  }
+  EXPECT_EQ(allocator_stats(1).num_ooms, ooms + 1);
+  EXPECT_EQ(reserved(1), static_cast<int64_t>(100 * kMiB));  // the cache was released
+  void* after = allocator_alloc(800 * kMiB, s);  // still usable
+  EXPECT_NE(after, nullptr);
+  allocator_free(after);
+  allocator_free(held);
+  allocator_empty_cache(1);
+  EXPECT_EQ(reserved(1), 0);
+}
+
+TEST(CachingAllocator, AllocationReleasesCacheWhenFull) {
+  const Stream a = stream_from_pool(1);
+  const Stream b = stream_from_pool(1);
+  allocator_empty_cache(1);
+  const int64_t retries = allocator_stats(1).num_alloc_retries;
+  allocator_free(allocator_alloc(700 * kMiB, a));  // cached on stream a
+  void* p = allocator_alloc(700 * kMiB, b);       // needs a's cached segment released
+  EXPECT_EQ(allocator_stats(1).num_alloc_retries, retries + 1);
+  allocator_free(p);
+  allocator_empty_cache(1);
+}
+
+TEST(CachingAllocator, OutOfMemoryWaitsForRecordedStreams) {
+  const Stream s = stream_from_pool(1);
+  const Stream user = stream_from_pool(1);
+  allocator_empty_cache(1);
+  void* p = allocator_alloc(700 * kMiB, s);
+  Gate gate;
+  user.enqueue(gate.work());
+  allocator_record_stream(p, user);
+  allocator_free(p);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    gate.open();
+  });
+  void* q = allocator_alloc(700 * kMiB, s);
+  EXPECT_EQ(q, p);
+  opener.join();
+  allocator_free(q);
+  allocator_empty_cache(1);
+}
+
+TEST(CachingAllocator, EmptyCacheReturnsSegments) {
+  const Stream s = stream_from_pool(0);
+  const int64_t base = reserved(0);
+  void* p = allocator_alloc(64 * kMiB, s);
+  allocator_free(p);
+  EXPECT_EQ(reserved(0) - base, static_cast<int64_t>(64 * kMiB));
+  uint64_t free_before = 0, free_after = 0, total = 0;
+  hal().memory_info(0, &free_before, &total);
+  allocator_empty_cache(-1);
+  hal().memory_info(0, &free_after, &total);
+  EXPECT_LE(reserved(0), base);
+  EXPECT_GE(free_after - free_before, 64 * kMiB);
+}
+
+TEST(CachingAllocator, DeviceOf) {
+  void* p = allocator_alloc(10000, stream_from_pool(1));
+  EXPECT_EQ(allocator_device_of(p), 1);
+  EXPECT_EQ(allocator_device_of(static_cast<char*>(p) + 9999), 1);
+  int local = 0;
+  EXPECT_EQ(allocator_device_of(&local), -1);
+  EXPECT_EQ(allocator_device_of(nullptr), -1);
+  allocator_free(p);
+  EXPECT_EQ(allocator_device_of(p), -1);
+  EXPECT_THROW(allocator_free(p), DeviceError);
+}
+
+TEST(CachingAllocator, ConcurrentAllocFreeKeepsStatsConsistent) {
+  const int64_t base = allocated(0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([t] {
+      const Stream s = stream_from_pool(0);
+      std::vector<void*> ptrs;
+      for (int i = 0; i < 2000; ++i) {
+        ptrs.push_back(allocator_alloc(static_cast<size_t>(64 + (i * 37 + t) % 200000), s));
+        if (i % 3 == 2) {
+          allocator_free(ptrs[ptrs.size() - 2]);
+          ptrs.erase(ptrs.end() - 2);
+        }
+      }
+      for (void* p : ptrs) allocator_free(p);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(allocated(0), base);
+}
+
+}  // namespace
+}  // namespace openneuron::runtime
