@@ -1,0 +1,276 @@
+// The boxed PrivateUse1 fallback: every ATen op without a native neuron kernel lands here
+// (DESIGN §3 paths 3 and 4). Async path: outputs sized by the meta kernel (cached), allocated
+// on the device, and one work item runs the CPU kernel on zero-copy host views. Synchronous
+// path (sync_fallback.cpp) for ops the async path cannot size. Native kernels: factories.cpp,
+// views.cpp, copy.cpp.
+#include <ATen/core/op_registration/adaption.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "aten/errors.h"
+#include "aten/generator.h"
+#include "aten/ops/fallback.h"
+#include "aten/ops/meta_cache.h"
+#include "aten/origin_capture.h"
+#include "runtime/device.h"
+#include "runtime/stream.h"
+
+namespace openneuron::aten {
+namespace {
+
+bool is_neuron(const at::Tensor& t) { return t.defined() && t.device().is_privateuseone(); }
+
+// Checks every tensor arg is on one neuron device (CPU 0-dim tensors excepted; CPU index
+// tensors of index ops are moved to the device, as CUDA allows) and returns that device.
+c10::Device check_devices(OpInfo& info, torch::jit::Stack& stack, size_t first) {
+  std::optional<c10::Device> common;
+  std::optional<c10::Device> device_arg;
+  const auto& schema_args = info.schema->arguments();
+  bool has_cpu_index = false;
+  auto check = [&](const at::Tensor& t, size_t i) {
+    if (!t.defined() || (t.device().is_cpu() && t.dim() == 0)) return;
+    if (info.index_op && t.device().is_cpu()) {
+      has_cpu_index = true;
+      return;
+    }
+    c10::impl::check_and_update_common_device(common, t, info.name,
+                                              schema_args[i].name().c_str());
+  };
+  for (size_t i = 0; i < info.num_args; ++i) {
+    const c10::IValue& v = stack[first + i];
+    if (v.isTensor()) {
+      check(v.toTensor(), i);
+    } else if (v.isList()) {
+      for (const auto& e : v.toListRef())
+        if (e.isTensor()) check(e.toTensor(), i);
+    } else if (v.isDevice() && v.toDevice().is_privateuseone()) {
+      device_arg = v.toDevice();
+    }
+  }
+  if (!common || !common->is_privateuseone()) common = device_arg;
+  c10::Device device = common ? *common : c10::Device(c10::DeviceType::PrivateUse1);
+  if (!device.has_index())
+    device = c10::Device(c10::DeviceType::PrivateUse1,
+                         static_cast<c10::DeviceIndex>(runtime::device_current()));
+  if (has_cpu_index) {
+    auto move = [&](const at::Tensor& t) {
+      return t.defined() && t.device().is_cpu() && t.dim() > 0 ? t.to(device) : t;
+    };
+    for (size_t i = 0; i < info.num_args; ++i) {
+      c10::IValue& v = stack[first + i];
+      if (v.isTensor()) {
+        v = c10::IValue(move(v.toTensor()));
+      } else if (v.isList()) {
+        auto list = v.toList();
+        for (size_t j = 0; j < list.size(); ++j) {
+          c10::IValue e = list.get(j);
+          if (e.isTensor()) list.set(j, c10::IValue(move(e.toTensor())));
+        }
+      }
+    }
+  }
+  return device;
+}
+
+// Work state: the CPU stack and everything that must outlive dispatch.
+struct Launch {
+  c10::OperatorHandle op;
+  torch::jit::Stack stack;
+  std::vector<c10::IValue> copy_targets;  // functional op without .out: where results go
+  StorageMap host{c10::DeviceType::CPU};   // keeps the device storages alive
+  explicit Launch(c10::OperatorHandle o) : op(std::move(o)) {}
+};
+
+int64_t numel_of(const TensorGeom& g) {
+  int64_t n = 1;
+  for (int64_t s : g.sizes) n *= s;
+  return n;
+}
+
+c10::IValue make_returns(const OpInfo& info, size_t r, const c10::SmallVector<TensorGeom, 1>& g,
+                         c10::ArrayRef<c10::IValue> args, c10::Device device, bool is_list,
+                         bool* any_new) {
+  int alias = info.return_alias_arg[r];
+  if (alias >= 0 && info.return_is_write[r]) return args[alias];
+  auto one = [&](const TensorGeom& geom) -> at::Tensor {
+    if (!geom.defined) return at::Tensor();
+    if (alias >= 0) return device_view(args[alias].toTensor().storage(), geom);
+    *any_new = true;
+    return device_empty(geom, device);
+  };
+  if (!is_list) return c10::IValue(one(g[0]));
+  c10::List<at::Tensor> list;
+  for (const auto& geom : g) list.push_back(one(geom));
+  return c10::IValue(list);
+}
+
+}  // namespace
+
+c10::IValue host_arg(const c10::IValue& v, ArgKind kind, StorageMap& host,
+                     const PhiloxState* philox) {
+  if (kind == ArgKind::Generator) {
+    if (!philox) return c10::IValue();
+    return c10::IValue(at::detail::createCPUGenerator(philox_seed(*philox)));
+  }
+  if (kind == ArgKind::Device && v.isDevice() && v.toDevice().is_privateuseone())
+    return c10::IValue(c10::Device(c10::DeviceType::CPU));
+  auto convert = [&](const at::Tensor& t) -> at::Tensor {
+    if (is_neuron(t)) return host.view_of(t);
+    if (t.defined() && t.device().is_cpu() && t.dim() == 0) return t.clone();
+    return t;
+  };
+  if (v.isTensor()) return c10::IValue(convert(v.toTensor()));
+  if (v.isList()) {
+    bool has_tensor = false;
+    for (const auto& e : v.toListRef()) has_tensor |= e.isTensor();
+    if (!has_tensor) return v;
+    auto copy = v.toList().copy();
+    for (size_t i = 0; i < copy.size(); ++i) {
+      c10::IValue e = copy.get(i);
+      if (e.isTensor()) copy.set(i, c10::IValue(convert(e.toTensor())));
+    }
+    return c10::IValue(copy);
+  }
+  return v;
+}
+
+uint64_t philox_seed(const PhiloxState& s) {
+  // splitmix64 of (seed, offset): distinct offsets give unrelated CPU generator seeds.
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  return mix(s.seed ^ mix(s.offset));
+}
+
+std::optional<PhiloxState> take_philox(const OpInfo& info, c10::ArrayRef<c10::IValue> args,
+                                       c10::Device device, int64_t numel) {
+  if (!info.has_generator) return std::nullopt;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (info.arg_kind[i] != ArgKind::Generator) continue;
+    std::optional<at::Generator> gen;
+    if (args[i].isGenerator()) gen = args[i].toGenerator();
+    NeuronGenerator* g = generator_or_default(gen, device.index());
+    std::lock_guard<std::mutex> lock(g->mutex_);
+    return g->philox_state(static_cast<uint64_t>(std::max<int64_t>(numel, 1)));
+  }
+  return std::nullopt;
+}
+
+void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* stack,
+               c10::Device device, const MetaResult& meta) {
+  const size_t n = info.num_args;
+  c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - n, n);
+  const c10::DeviceGuard guard(device);
+  int64_t numel = 0;
+  for (const auto& [i, geoms] : meta.writes) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) {
+      if (is_neuron(v.toTensor())) device_restride(v.toTensor(), geoms[0]);
+      numel = std::max(numel, v.toTensor().numel());
+    } else if (v.isList()) {
+      auto list = v.toListRef();
+      for (size_t j = 0; j < list.size() && j < geoms.size(); ++j)
+        if (list[j].isTensor() && is_neuron(list[j].toTensor()))
+          device_restride(list[j].toTensor(), geoms[j]);
+    }
+  }
+  std::vector<c10::IValue> returns;
+  returns.reserve(info.num_returns);
+  bool any_new = false;
+  const auto& rets = info.schema->returns();
+  for (size_t r = 0; r < info.num_returns; ++r) {
+    bool is_list = rets[r].type()->kind() == c10::TypeKind::ListType;
+    returns.push_back(make_returns(info, r, meta.returns[r], args, device, is_list, &any_new));
+    for (const auto& g : meta.returns[r])
+      if (g.defined) numel = std::max(numel, numel_of(g));
+  }
+  info.async_calls.fetch_add(1, std::memory_order_relaxed);
+  if (!info.has_write_args && !any_new) {  // metadata only (views): no device work
+    torch::jit::drop(*stack, n);
+    for (auto& r : returns) stack->push_back(std::move(r));
+    return;
+  }
+  auto philox = take_philox(info, args, device, numel);
+  const bool use_out = info.out_op.has_value() && !info.has_write_args;
+  auto launch = std::make_shared<Launch>(use_out ? *info.out_op : op);
+  launch->stack.reserve(n + info.num_returns);
+  for (size_t i = 0; i < n; ++i)
+    launch->stack.push_back(
+        host_arg(args[i], info.arg_kind[i], launch->host, philox ? &*philox : nullptr));
+  if (!info.has_write_args) {
+    for (size_t r = 0; r < returns.size(); ++r) {
+      c10::IValue h = info.return_alias_arg[r] >= 0
+                          ? c10::IValue()
+                          : host_arg(returns[r], ArgKind::Other, launch->host, nullptr);
+      if (use_out) {
+        launch->stack.push_back(std::move(h));
+      } else {
+        launch->copy_targets.push_back(std::move(h));
+      }
+    }
+  }
+  runtime::Work work;
+  work.name = info.name;
+  work.origin = origin_capture();
+  work.fn = [launch] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    try {
+      launch->op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &launch->stack);
+      for (size_t r = 0; r < launch->copy_targets.size(); ++r) {
+        const c10::IValue& target = launch->copy_targets[r];
+        const c10::IValue& result = launch->stack[r];
+        if (target.isTensor() && target.toTensor().defined()) {
+          target.toTensor().copy_(result.toTensor());
+        } else if (target.isList()) {
+          auto t = target.toListRef();
+          auto s = result.toListRef();
+          for (size_t j = 0; j < t.size(); ++j)
+            if (t[j].isTensor() && t[j].toTensor().defined()) t[j].toTensor().copy_(s[j].toTensor());
+        }
+      }
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
+    }
+  };
+  with_torch_errors([&] { runtime::stream_current(device.index()).enqueue(std::move(work)); });
+  torch::jit::drop(*stack, n);
+  for (auto& r : returns) stack->push_back(std::move(r));
+}
+
+void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                     torch::jit::Stack* stack) {
+  OpInfo& info = op_info(op);
+  const size_t n = info.num_args;
+  const size_t first = stack->size() - n;
+  c10::Device device = check_devices(info, *stack, first);
+  if (!info.no_async_reason.empty()) {
+    sync_fallback(op, info, stack, device, info.no_async_reason.c_str(), false);
+    return;
+  }
+  if (!info.meta_ok.load(std::memory_order_relaxed)) {
+    sync_fallback(op, info, stack, device, "its meta kernel is not implemented", false);
+    return;
+  }
+  std::shared_ptr<const MetaResult> meta;
+  try {
+    meta = meta_result(op, info, c10::ArrayRef<c10::IValue>(stack->data() + first, n));
+  } catch (const MetaUnavailable&) {
+    sync_fallback(op, info, stack, device, "its meta kernel is not implemented", false);
+    return;
+  } catch (const std::exception&) {
+    // The meta kernel refused these inputs (data-dependent, or stricter than the CPU kernel):
+    // the CPU kernel decides, and raises the error users expect if the inputs are bad.
+    sync_fallback(op, info, stack, device, "its meta kernel cannot size these inputs", true);
+    return;
+  }
+  run_async(op, info, stack, device, *meta);
+}
+
+}  // namespace openneuron::aten
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&openneuron::aten::neuron_fallback>());
+}

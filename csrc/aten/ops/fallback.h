@@ -1,0 +1,34 @@
+// Shared pieces of the boxed fallback (fallback.cpp: async path; sync_fallback.cpp: the
+// synchronous path): host re-typing of args and the random-op generator plumbing.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+
+#include "aten/generator.h"
+#include "aten/ops/host_views.h"
+#include "aten/ops/op_table.h"
+
+namespace openneuron::aten {
+
+// The CPU-side value of one arg: neuron tensors become zero-copy CPU views (via host), CPU
+// 0-dim tensors are cloned (their value is fixed at launch), a neuron Device becomes CPU, and a
+// Generator becomes a CPU generator seeded from philox (None when philox is null).
+c10::IValue host_arg(const c10::IValue& v, ArgKind kind, StorageMap& host,
+                     const PhiloxState* philox);
+// A CPU generator seed derived only from the neuron generator state.
+uint64_t philox_seed(const PhiloxState& s);
+// For ops with a Generator? arg: the (seed, offset) of the given or default neuron generator,
+// advanced by numel.
+std::optional<PhiloxState> take_philox(const OpInfo& info, c10::ArrayRef<c10::IValue> args,
+                                       c10::Device device, int64_t numel);
+
+// Runs op synchronously on CPU views of its device args (DESIGN §3 path 4): waits for the
+// current stream, runs the CPU kernel, moves new results to the device. Warns once per op,
+// or raises under OPENNEURON_FALLBACK=error. With defer_warning the warning/error check
+// waits until the CPU kernel succeeded (inputs the meta kernel rejected may just be bad).
+void sync_fallback(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* stack,
+                   c10::Device device, const char* reason, bool defer_warning);
+
+}  // namespace openneuron::aten

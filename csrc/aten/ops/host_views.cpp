@@ -1,0 +1,100 @@
+// Zero-copy CPU/meta re-typings of neuron tensors and device tensor construction from a
+// geometry. See host_views.h.
+#include "aten/ops/host_views.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/Allocator.h>
+
+namespace openneuron::aten {
+
+TensorGeom geom_of(const at::Tensor& t) {
+  TensorGeom g;
+  if (!t.defined()) return g;
+  g.defined = true;
+  g.sizes.assign(t.sizes().begin(), t.sizes().end());
+  g.strides.assign(t.strides().begin(), t.strides().end());
+  g.offset = t.storage_offset();
+  g.dtype = t.scalar_type();
+  return g;
+}
+
+bool same_geom(const TensorGeom& g, const at::Tensor& t) {
+  return t.sizes().equals(g.sizes) && t.strides().equals(g.strides) &&
+         t.storage_offset() == g.offset && t.scalar_type() == g.dtype;
+}
+
+at::Tensor StorageMap::view_of(const at::Tensor& t) {
+  c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+  c10::Storage* mapped = nullptr;
+  for (auto& e : map_)
+    if (e.source.unsafeGetStorageImpl() == si) mapped = &e.mapped;
+  if (!mapped) {
+    size_t nbytes = si->nbytes();
+    c10::Storage st;
+    if (target_ == c10::DeviceType::Meta) {
+      st = c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                        c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)),
+                        c10::GetAllocator(c10::DeviceType::Meta), /*resizable=*/true);
+    } else {
+      void* data = const_cast<void*>(si->data_ptr().get());
+      st = c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                        c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)), nullptr,
+                        /*resizable=*/false);
+    }
+    map_.push_back(Entry{t.storage(), std::move(st)});
+    mapped = &map_.back().mapped;
+  }
+  c10::DispatchKey key =
+      target_ == c10::DeviceType::Meta ? c10::DispatchKey::Meta : c10::DispatchKey::CPU;
+  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(*mapped),
+                                                      c10::DispatchKeySet(key), t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
+                                                   t.storage_offset());
+  if (t.is_conj()) out._set_conj(true);
+  if (t.is_neg()) out._set_neg(true);
+  return out;
+}
+
+const c10::Storage* StorageMap::source_of(const c10::StorageImpl* mapped) const {
+  for (const auto& e : map_)
+    if (e.mapped.unsafeGetStorageImpl() == mapped) return &e.source;
+  return nullptr;
+}
+
+at::Tensor device_empty(const TensorGeom& g, c10::Device device) {
+  c10::Allocator* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
+  c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
+  if (g.offset == 0) {
+    return at::detail::empty_strided_generic(g.sizes, g.strides, alloc, ks, g.dtype);
+  }
+  size_t nbytes = at::detail::computeStorageNbytes(g.sizes, g.strides,
+                                                   c10::elementSize(g.dtype), g.offset);
+  auto base = at::detail::empty_generic({static_cast<int64_t>(nbytes)}, alloc, ks,
+                                        c10::ScalarType::Byte, std::nullopt);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()), ks,
+                                                      c10::scalarTypeToTypeMeta(g.dtype));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  return out;
+}
+
+void device_restride(const at::Tensor& t, const TensorGeom& g) {
+  if (same_geom(g, t)) return;
+  size_t need = at::detail::computeStorageNbytes(g.sizes, g.strides, c10::elementSize(g.dtype),
+                                                 g.offset);
+  if (need > t.storage().nbytes() || !t.sizes().equals(g.sizes)) {
+    t.resize_(g.sizes);
+  }
+  if (!same_geom(g, t)) {
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  }
+}
+
+at::Tensor device_view(const c10::Storage& storage, const TensorGeom& g) {
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      c10::TensorImpl::VIEW, c10::Storage(storage),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(g.dtype));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  return out;
+}
+
+}  // namespace openneuron::aten

@@ -1,0 +1,188 @@
+// Meta-kernel output sizing with a signature cache. See meta_cache.h.
+#include "aten/ops/meta_cache.h"
+
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+
+namespace openneuron::aten {
+namespace {
+
+constexpr size_t kMaxEntries = 4096;
+
+using Key = std::vector<int64_t>;
+
+struct KeyHash {
+  size_t operator()(const Key& k) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+int64_t bits_of(double d) {
+  int64_t b;
+  std::memcpy(&b, &d, sizeof b);
+  return b;
+}
+
+void encode_tensor(const at::Tensor& t, Key& k) {
+  if (!t.defined()) {
+    k.push_back(2);
+    return;
+  }
+  k.push_back(1);
+  k.push_back(static_cast<int64_t>(t.scalar_type()));
+  k.push_back(static_cast<int64_t>(t.device().type()));
+  k.push_back(t.dim());
+  for (int64_t s : t.sizes()) k.push_back(s);
+  for (int64_t s : t.strides()) k.push_back(s);
+  k.push_back(t.storage_offset());
+  k.push_back(t.is_conj() * 2 + t.is_neg());
+}
+
+// Appends v's encoding; false when v is something the key cannot capture.
+bool encode(const c10::IValue& v, Key& k) {
+  if (v.isTensor()) {
+    encode_tensor(v.toTensor(), k);
+  } else if (v.isNone()) {
+    k.push_back(2);
+  } else if (v.isInt()) {
+    k.push_back(3);
+    k.push_back(v.toInt());
+  } else if (v.isDouble()) {
+    k.push_back(4);
+    k.push_back(bits_of(v.toDouble()));
+  } else if (v.isBool()) {
+    k.push_back(5);
+    k.push_back(v.toBool());
+  } else if (v.isComplexDouble()) {
+    auto c = v.toComplexDouble();
+    k.push_back(6);
+    k.push_back(bits_of(c.real()));
+    k.push_back(bits_of(c.imag()));
+  } else if (v.isString()) {
+    k.push_back(7);
+    k.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
+  } else if (v.isDevice()) {
+    k.push_back(8);
+    k.push_back(static_cast<int64_t>(v.toDevice().type()));
+    k.push_back(v.toDevice().index());
+  } else if (v.isGenerator()) {
+    k.push_back(9);
+  } else if (v.isList()) {
+    auto list = v.toListRef();
+    k.push_back(10);
+    k.push_back(static_cast<int64_t>(list.size()));
+    for (const auto& e : list)
+      if (!encode(e, k)) return false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+struct Cache {
+  std::mutex mu;
+  std::unordered_map<Key, std::shared_ptr<const MetaResult>, KeyHash> map;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache();  // NOTE: leaked on purpose; used until process exit
+  return *c;
+}
+
+// The meta re-typing of one arg value (tensors and tensor lists; generators become None).
+c10::IValue meta_arg(const c10::IValue& v, ArgKind kind, StorageMap& meta) {
+  if (kind == ArgKind::Generator) return c10::IValue();
+  if (kind == ArgKind::Device && v.isDevice() && v.toDevice().is_privateuseone())
+    return c10::IValue(c10::Device(c10::DeviceType::Meta));
+  auto convert = [&](const at::Tensor& t) {
+    return t.defined() && t.device().is_privateuseone() ? meta.view_of(t) : t;
+  };
+  if (v.isTensor()) return c10::IValue(convert(v.toTensor()));
+  if (v.isList()) {
+    auto list = v.toList();
+    bool has_tensor = false;
+    for (const auto& e : v.toListRef()) has_tensor |= e.isTensor();
+    if (!has_tensor) return v;
+    auto copy = list.copy();
+    for (size_t i = 0; i < copy.size(); ++i) {
+      c10::IValue e = copy.get(i);
+      if (e.isTensor()) copy.set(i, c10::IValue(convert(e.toTensor())));
+    }
+    return c10::IValue(copy);
+  }
+  return v;
+}
+
+c10::SmallVector<TensorGeom, 1> geoms_of(const c10::IValue& v) {
+  c10::SmallVector<TensorGeom, 1> out;
+  if (v.isTensor()) {
+    out.push_back(geom_of(v.toTensor()));
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) out.push_back(e.isTensor() ? geom_of(e.toTensor()) : TensorGeom{});
+  } else {
+    out.push_back(TensorGeom{});
+  }
+  return out;
+}
+
+std::shared_ptr<const MetaResult> compute(const c10::OperatorHandle& op, OpInfo& info,
+                                          c10::ArrayRef<c10::IValue> args) {
+  StorageMap meta(c10::DeviceType::Meta);
+  torch::jit::Stack stack;
+  stack.reserve(args.size());
+  for (size_t i = 0; i < args.size(); ++i) stack.push_back(meta_arg(args[i], info.arg_kind[i], meta));
+  std::vector<std::pair<int, c10::IValue>> written;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (info.arg_is_write[i]) written.emplace_back(static_cast<int>(i), stack[i]);
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+  } catch (const c10::NotImplementedError&) {
+    info.meta_ok = false;
+    throw MetaUnavailable{};
+  }
+  auto result = std::make_shared<MetaResult>();
+  for (const auto& v : stack) result->returns.push_back(geoms_of(v));
+  for (const auto& [i, v] : written) result->writes.emplace_back(i, geoms_of(v));
+  return result;
+}
+
+}  // namespace
+
+std::shared_ptr<const MetaResult> meta_result(const c10::OperatorHandle& op, OpInfo& info,
+                                              c10::ArrayRef<c10::IValue> args) {
+  Key key;
+  key.reserve(64);
+  key.push_back(reinterpret_cast<int64_t>(&info));
+  bool cacheable = true;
+  for (const auto& a : args) {
+    if (!encode(a, key)) {
+      cacheable = false;
+      break;
+    }
+  }
+  Cache& c = cache();
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.map.find(key);
+    if (it != c.map.end()) return it->second;
+  }
+  auto result = compute(op, info, args);
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.map.size() >= kMaxEntries) c.map.clear();
+    c.map.emplace(std::move(key), result);
+  }
+  return result;
+}
+
+void meta_cache_clear() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.map.clear();
+}
+
+}  // namespace openneuron::aten

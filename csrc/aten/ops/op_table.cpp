@@ -1,0 +1,177 @@
+// The per-operator info table: schema analysis and .out-overload lookup done once per op, keyed
+// by the identity of the op's schema (stable for the process). See op_table.h.
+#include "aten/ops/op_table.h"
+
+#include <ATen/core/function_schema.h>
+
+#include <deque>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace openneuron::aten {
+namespace {
+
+// Ops whose output shape (or a returned value) depends on tensor data: the async path cannot
+// size their outputs at dispatch, so they always run synchronously.
+bool is_data_dependent(std::string_view name, std::string_view overload) {
+  static const std::unordered_set<std::string_view> kNames = {
+      "aten::nonzero",          "aten::masked_select",       "aten::unique",
+      "aten::_unique",          "aten::_unique2",            "aten::unique_dim",
+      "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount",
+      "aten::histc",            "aten::_local_scalar_dense", "aten::item",
+      "aten::nonzero_numpy",    "aten::_assert_async",       "aten::_assert_async.msg",
+      "aten::_ragged_idx"};
+  if (kNames.count(name)) return true;
+  return name == "aten::repeat_interleave" && overload.rfind("Tensor", 0) == 0;
+}
+
+bool is_index_op(std::string_view name) {
+  return name == "aten::index" || name == "aten::index_put_" || name == "aten::index_put" ||
+         name == "aten::_index_put_impl_" || name == "aten::_unsafe_index" ||
+         name == "aten::_unsafe_index_put";
+}
+
+bool same_type(const c10::Argument& a, const c10::Argument& b) {
+  return a.name() == b.name() && *a.type() == *b.type();
+}
+
+// The .out overload of a functional op: same leading args, then one kwarg-only mutable Tensor
+// per return, and a CPU kernel.
+std::optional<c10::OperatorHandle> find_out_overload(const c10::FunctionSchema& s) {
+  const std::string& ov = s.overload_name();
+  std::vector<std::string> candidates;
+  if (!ov.empty()) candidates.push_back(ov + "_out");
+  candidates.push_back("out");
+  for (const auto& cand : candidates) {
+    auto h = c10::Dispatcher::singleton().findSchema({s.name(), cand});
+    if (!h) continue;
+    const auto& cs = h->schema();
+    const auto& fa = s.arguments();
+    const auto& ca = cs.arguments();
+    if (ca.size() != fa.size() + s.returns().size()) continue;
+    bool ok = true;
+    for (size_t i = 0; i < fa.size() && ok; ++i) ok = same_type(fa[i], ca[i]);
+    for (size_t i = fa.size(); i < ca.size() && ok; ++i) {
+      const auto& a = ca[i];
+      ok = a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite() &&
+           a.type()->kind() == c10::TypeKind::TensorType;
+    }
+    if (ok && h->hasComputedKernelForDispatchKey(c10::DispatchKey::CPU)) return h;
+  }
+  return std::nullopt;
+}
+
+bool is_tensor_like(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  if (t->kind() == c10::TypeKind::OptionalType || t->kind() == c10::TypeKind::ListType)
+    return t->containedType(0)->kind() == c10::TypeKind::TensorType;
+  return false;
+}
+
+void analyze(OpInfo& info, const c10::FunctionSchema& s, const c10::OperatorHandle* op) {
+  info.schema = &s;
+  const auto& args = s.arguments();
+  const auto& rets = s.returns();
+  info.num_args = args.size();
+  info.num_returns = rets.size();
+  for (const auto& a : args) {
+    bool write = a.alias_info() && a.alias_info()->isWrite();
+    info.arg_is_write.push_back(write);
+    info.has_write_args |= write;
+    ArgKind kind = ArgKind::Other;
+    const auto& t = a.type();
+    auto base = t->kind() == c10::TypeKind::OptionalType ? t->containedType(0) : t;
+    if (base->kind() == c10::TypeKind::GeneratorType) kind = ArgKind::Generator;
+    if (base->kind() == c10::TypeKind::DeviceObjType) kind = ArgKind::Device;
+    info.has_generator |= kind == ArgKind::Generator;
+    info.arg_kind.push_back(kind);
+  }
+  for (const auto& r : rets) {
+    info.returns_tensors_only &= is_tensor_like(r.type());
+    info.returns_single_tensors &= r.type()->kind() == c10::TypeKind::TensorType;
+    int alias = -1;
+    bool write = false;
+    if (const auto* ai = r.alias_info()) {
+      write = ai->isWrite();
+      for (size_t i = 0; i < args.size() && alias < 0; ++i) {
+        const auto* aa = args[i].alias_info();
+        if (!aa) continue;
+        for (const auto& set : ai->beforeSets())
+          if (aa->beforeSets().count(set)) alias = static_cast<int>(i);
+      }
+    }
+    info.return_alias_arg.push_back(alias);
+    info.return_is_write.push_back(write && alias >= 0);
+  }
+  info.data_dependent = is_data_dependent(s.name(), s.overload_name());
+  info.index_op = is_index_op(s.name());
+  if (info.data_dependent) {
+    info.no_async_reason = "its output shape depends on tensor values";
+  } else if (!info.returns_tensors_only) {
+    info.no_async_reason = "it returns non-tensor values";
+  } else if (op && !op->hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
+    info.no_async_reason = "it has no meta kernel";
+  }
+  if (!info.has_write_args && info.returns_single_tensors && info.num_returns > 0) {
+    bool all_new = true;
+    for (int a : info.return_alias_arg) all_new &= a < 0;
+    if (all_new) info.out_op = find_out_overload(s);
+  }
+}
+
+struct Table {
+  std::mutex mu;
+  std::unordered_map<const void*, OpInfo*> by_key;
+  std::deque<OpInfo> infos;  // stable addresses
+  std::deque<std::string> names;
+};
+
+Table& table() {
+  static Table* t = new Table();  // NOTE: leaked on purpose; work items may run at exit
+  return *t;
+}
+
+OpInfo& create_locked(Table& t, const void* key, const std::string& name) {
+  t.names.push_back(name);
+  OpInfo& info = t.infos.emplace_back();
+  info.name = t.names.back().c_str();
+  t.by_key.emplace(key, &info);
+  return info;
+}
+
+}  // namespace
+
+OpInfo& op_info(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& s = op.schema();
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.by_key.find(&s);
+  if (it != t.by_key.end()) return *it->second;
+  std::string name = s.name();
+  if (!s.overload_name().empty()) name += "." + s.overload_name();
+  OpInfo& info = create_locked(t, &s, name);
+  analyze(info, s, &op);
+  return info;
+}
+
+OpInfo& op_info(const char* name, const char* overload) {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.by_key.find(name);
+  if (it != t.by_key.end()) return *it->second;
+  std::string full = name;
+  if (overload && *overload) full += std::string(".") + overload;
+  return create_locked(t, name, full);
+}
+
+std::vector<OpInfo*> op_info_all() {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  std::vector<OpInfo*> out;
+  for (auto& i : t.infos) out.push_back(&i);
+  return out;
+}
+
+}  // namespace openneuron::aten
