@@ -1,0 +1,59 @@
+# openneuron.ops_report(): which ATen ops ran on which path (native kernel, asynchronous ATen
+# path, synchronous CPU fallback) in this process, and what the fallbacks cost. The counters live
+# in C++ (csrc/aten/ops/ops_report.cpp); this file only formats them.
+from __future__ import annotations
+
+from typing import NamedTuple
+
+_PATH_ORDER = {"fallback": 0, "async": 1, "native": 2}
+
+
+class OpRow(NamedTuple):
+    op: str
+    path: str  # "native", "async" or "fallback"
+    calls: int
+    seconds: float  # time spent in the synchronous fallback (0 for the other paths)
+
+
+def ops_report(print_table: bool = True, reset: bool = False) -> list[OpRow]:
+    """Rows (op, path, calls, seconds) for every op that ran on neuron so far.
+
+    Fallback rows come first, costliest first, then the rest by call count. With print_table
+    the rows are also printed as a table; with reset the counters are zeroed afterwards.
+    """
+    from openneuron import _C
+
+    rows = [OpRow(*r) for r in _C._ops_report()]
+    rows.sort(key=lambda r: (_PATH_ORDER.get(r.path, 3), -r.seconds, -r.calls, r.op))
+    if print_table:
+        print(format_table(rows))
+    if reset:
+        _C._ops_report_reset()
+    return rows
+
+
+def format_table(rows: list[OpRow]) -> str:
+    """The rows as a fixed-width table with a totals line."""
+    if not rows:
+        return "openneuron ops report: no ops ran on neuron yet."
+    width = max(len("op"), *(len(r.op) for r in rows))
+    lines = [f"{'op':<{width}}  {'path':<8}  {'calls':>9}  {'fallback time':>13}"]
+    lines.append("-" * len(lines[0]))
+    for r in rows:
+        cost = f"{r.seconds * 1e3:10.2f} ms" if r.path == "fallback" else ""
+        lines.append(f"{r.op:<{width}}  {r.path:<8}  {r.calls:>9}  {cost:>13}")
+    fallback = [r for r in rows if r.path == "fallback"]
+    total = sum(r.calls for r in rows)
+    lines.append("-" * len(lines[0]))
+    lines.append(
+        f"{total} calls in {len(rows)} op/path rows; {sum(r.calls for r in fallback)} fallback "
+        f"calls took {sum(r.seconds for r in fallback) * 1e3:.2f} ms"
+    )
+    return "\n".join(lines)
+
+
+def ops_report_reset() -> None:
+    """Zeroes every counter."""
+    from openneuron import _C
+
+    _C._ops_report_reset()
