@@ -234,4 +234,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
 }
 
+// NOTE: _copy_from honours conj/neg bits itself (the CPU views carry them). Without these
+// fallthroughs the Conjugate/Negative fallbacks would materialize the source with clone, which
+// copies through _copy_from again: infinite recursion.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
 }  // namespace openneuron::aten
