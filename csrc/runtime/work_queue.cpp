@@ -16,6 +16,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kExecutorSpin = std::chrono::microseconds(40);
 constexpr auto kWaiterSpin = std::chrono::microseconds(20);
+constexpr unsigned kBusySpins = 256;
 
 // NOTE: heap objects reached through function-local statics, never destroyed: executor threads
 // of the process-wide HAL may outlive static destruction at exit.
@@ -29,6 +30,16 @@ std::function<void()>& hook() {
 }
 
 }  // namespace
+
+bool spin_step(unsigned i, std::chrono::steady_clock::time_point deadline) noexcept {
+  if (i < kBusySpins) {
+    cpu_relax();
+    return true;
+  }
+  if ((i & 7) == 0 && Clock::now() > deadline) return false;
+  std::this_thread::yield();
+  return true;
+}
 
 void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -67,13 +78,17 @@ uint64_t WorkQueue::push(Work&& work) {
   if (t - cached_head_ >= kCapacity) {
     cached_head_ = head_.load(std::memory_order_acquire);
     if (t - cached_head_ >= kCapacity) {
-      wait(t - kCapacity + 1);
+      // NOTE: wait for a quarter of the queue to drain, not one slot: one wake-up per batch.
+      wait(t - kCapacity + kCapacity / 4);
       cached_head_ = head_.load(std::memory_order_acquire);
     }
   }
   slots_[t & (kCapacity - 1)] = std::move(work);
   tail_.store(t + 1, std::memory_order_seq_cst);
-  if (sleeping_.load(std::memory_order_seq_cst)) {
+  // NOTE: the first producer to see the executor asleep clears the flag and wakes it; later
+  // pushes during its wake-up cost no system call.
+  if (sleeping_.load(std::memory_order_seq_cst) &&
+      sleeping_.exchange(false, std::memory_order_seq_cst)) {
     std::lock_guard<std::mutex> g(mu_);
     work_cv_.notify_one();
   }
@@ -84,19 +99,16 @@ void WorkQueue::wait(uint64_t ticket) const {
   if (head_.load(std::memory_order_acquire) >= ticket) return;
   const auto deadline = Clock::now() + kWaiterSpin;
   for (unsigned i = 1; head_.load(std::memory_order_acquire) < ticket; ++i) {
-    if ((i & 31) == 0) {
-      if (Clock::now() > deadline) break;
-      std::this_thread::yield();
-    }
-    cpu_relax();
+    if (!spin_step(i, deadline)) break;
   }
   if (head_.load(std::memory_order_acquire) >= ticket) return;
-  waiters_.fetch_add(1, std::memory_order_seq_cst);
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait(lk, [&] { return head_.load(std::memory_order_seq_cst) >= ticket; });
-  }
-  waiters_.fetch_sub(1, std::memory_order_seq_cst);
+  std::unique_lock<std::mutex> lk(mu_);
+  done_cv_.wait(lk, [&] {
+    if (ticket < wake_at_.load(std::memory_order_relaxed)) {
+      wake_at_.store(ticket, std::memory_order_seq_cst);
+    }
+    return head_.load(std::memory_order_seq_cst) >= ticket;
+  });
 }
 
 void WorkQueue::run() {
@@ -122,8 +134,11 @@ void WorkQueue::run() {
       // so a sync point sees every resource of finished work returned.
       w.fn = nullptr;
       head_.store(h + 1, std::memory_order_seq_cst);
-      if (waiters_.load(std::memory_order_seq_cst) > 0) {
-        std::lock_guard<std::mutex> g(mu_);
+      if (wake_at_.load(std::memory_order_seq_cst) <= h + 1) {
+        {
+          std::lock_guard<std::mutex> g(mu_);
+          wake_at_.store(kNoWaiter, std::memory_order_relaxed);
+        }
         done_cv_.notify_all();
       }
     }
@@ -136,8 +151,7 @@ uint64_t WorkQueue::await_work(uint64_t h) {
     const uint64_t t = tail_.load(std::memory_order_acquire);
     if (t != h) return t;
     if (stop_.load(std::memory_order_acquire)) return t;
-    if ((i & 63) == 0 && Clock::now() > deadline) break;
-    cpu_relax();
+    if (!spin_step(i, deadline)) break;
   }
   sleeping_.store(true, std::memory_order_seq_cst);
   {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -23,6 +24,10 @@ class ErrorSink {
 
 // Spins on the CPU for a few nanoseconds (pause), letting a sibling hyperthread run.
 void cpu_relax() noexcept;
+// One step of a polite spin-wait: busy for the first iterations, then yielding the core (the
+// host is often oversubscribed: executors, the Python thread and intra-op workers share it).
+// Returns false once `deadline` has passed: time to sleep.
+bool spin_step(unsigned iteration, std::chrono::steady_clock::time_point deadline) noexcept;
 
 class WorkQueue {
  public:
@@ -60,12 +65,13 @@ class WorkQueue {
 
   // Executor side.
   alignas(64) std::atomic<uint64_t> head_{0};  // items completed
-  // NOTE: producer and executor publish tail_/sleeping_ (and head_/waiters_) with seq_cst
+  // NOTE: producer and executor publish tail_/sleeping_ (and head_/wake_at_) with seq_cst
   // stores followed by a seq_cst load of the other flag, so either the sleeper sees the new
   // value or the publisher sees the sleeper and notifies under mu_: no lost wake-ups, and no
-  // futex call while the executor is spinning.
+  // futex call while the executor is spinning or before a sleeping waiter's ticket is done.
+  static constexpr uint64_t kNoWaiter = ~uint64_t{0};
   alignas(64) std::atomic<bool> sleeping_{false};
-  mutable std::atomic<int> waiters_{0};
+  mutable std::atomic<uint64_t> wake_at_{kNoWaiter};  // smallest ticket a sleeper waits for
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
   std::condition_variable work_cv_;
