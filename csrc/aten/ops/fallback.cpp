@@ -74,11 +74,53 @@ c10::Device check_devices(OpInfo& info, torch::jit::Stack& stack, size_t first) 
 
 // Work state: the CPU stack and everything that must outlive dispatch.
 struct Launch {
+  // A device tensor the kernel writes through a CPU view: checked after the kernel ran.
+  struct Written {
+    size_t slot;  // index in stack
+    c10::Storage storage;
+    TensorGeom geom;
+  };
   c10::OperatorHandle op;
   torch::jit::Stack stack;
-  std::vector<c10::IValue> copy_targets;  // functional op without .out: where results go
-  StorageMap host{c10::DeviceType::CPU};   // keeps the device storages alive
+  std::vector<c10::IValue> copy_targets;  // per return: where a new result goes (or None)
+  std::vector<Written> written;
+  StorageMap host{c10::DeviceType::CPU};  // keeps the device storages alive
+  const char* name = "";
   explicit Launch(c10::OperatorHandle o) : op(std::move(o)) {}
+
+  void run() {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::vector<at::Tensor> views;
+    views.reserve(written.size());
+    for (const auto& w : written) views.push_back(stack[w.slot].toTensor());
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    for (size_t i = 0; i < written.size(); ++i) fix_output(views[i], written[i]);
+    for (size_t r = 0; r < copy_targets.size() && r < stack.size(); ++r)
+      copy_result(copy_targets[r], stack[r]);
+  }
+
+  // A kernel that resized an output moved it to host memory: copy it home.
+  void fix_output(const at::Tensor& view, const Written& w) const {
+    if (view.storage().data() == w.storage.data() && view.sizes().equals(w.geom.sizes)) return;
+    TORCH_CHECK(view.sizes().equals(w.geom.sizes), name, ": the CPU kernel produced an output of shape ",
+                view.sizes(), " but the meta kernel predicted ", c10::IntArrayRef(w.geom.sizes),
+                "; please report this op (OPENNEURON_FALLBACK cannot help here).");
+    host_view_fresh(w.storage, w.geom).copy_(view);
+  }
+
+  static void copy_result(const c10::IValue& target, const c10::IValue& result) {
+    if (target.isTensor() && target.toTensor().defined()) {
+      const at::Tensor& t = target.toTensor();
+      const at::Tensor& r = result.toTensor();
+      TORCH_CHECK(t.sizes().equals(r.sizes()), "the CPU kernel produced an output of shape ",
+                  r.sizes(), " but the meta kernel predicted ", t.sizes());
+      t.copy_(r);
+    } else if (target.isList() && result.isList()) {
+      auto t = target.toListRef();
+      auto s = result.toListRef();
+      for (size_t j = 0; j < t.size() && j < s.size(); ++j) copy_result(t[j], s[j]);
+    }
+  }
 };
 
 int64_t numel_of(const TensorGeom& g) {
@@ -194,43 +236,31 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
     return;
   }
   auto philox = take_philox(info, args, device, numel);
-  const bool use_out = info.out_op.has_value() && !info.has_write_args;
-  auto launch = std::make_shared<Launch>(use_out ? *info.out_op : op);
+  // NOTE: functional ops run their functional CPU kernel and results are copied into the
+  // outputs. Structured ops arrive here as .out already (ATen's own wrappers); the functional
+  // ops that reach us are unstructured, and their .out kernels are not always equivalent with
+  // meta-sized outputs (binary_cross_entropy_out reduces in place after resizing its out).
+  auto launch = std::make_shared<Launch>(op);
+  launch->name = info.name;
   launch->stack.reserve(n + info.num_returns);
-  for (size_t i = 0; i < n; ++i)
+  for (size_t i = 0; i < n; ++i) {
     launch->stack.push_back(
         host_arg(args[i], info.arg_kind[i], launch->host, philox ? &*philox : nullptr));
-  if (!info.has_write_args) {
-    for (size_t r = 0; r < returns.size(); ++r) {
-      c10::IValue h = info.return_alias_arg[r] >= 0
-                          ? c10::IValue()
-                          : host_arg(returns[r], ArgKind::Other, launch->host, nullptr);
-      if (use_out) {
-        launch->stack.push_back(std::move(h));
-      } else {
-        launch->copy_targets.push_back(std::move(h));
-      }
-    }
+    if (info.arg_is_write[i] && args[i].isTensor() && is_neuron(args[i].toTensor()))
+      launch->written.push_back({i, args[i].toTensor().storage(), geom_of(args[i].toTensor())});
+  }
+  for (size_t r = 0; r < returns.size(); ++r) {
+    const bool is_new = info.return_alias_arg[r] < 0;
+    c10::IValue h =
+        is_new ? host_arg(returns[r], ArgKind::Other, launch->host, nullptr) : c10::IValue();
+    launch->copy_targets.push_back(std::move(h));
   }
   runtime::Work work;
   work.name = info.name;
   work.origin = origin_capture();
   work.fn = [launch] {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
     try {
-      launch->op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &launch->stack);
-      for (size_t r = 0; r < launch->copy_targets.size(); ++r) {
-        const c10::IValue& target = launch->copy_targets[r];
-        const c10::IValue& result = launch->stack[r];
-        if (target.isTensor() && target.toTensor().defined()) {
-          target.toTensor().copy_(result.toTensor());
-        } else if (target.isList()) {
-          auto t = target.toListRef();
-          auto s = result.toListRef();
-          for (size_t j = 0; j < t.size(); ++j)
-            if (t[j].isTensor() && t[j].toTensor().defined()) t[j].toTensor().copy_(s[j].toTensor());
-        }
-      }
+      launch->run();
     } catch (const c10::Error& e) {
       throw std::runtime_error(e.what_without_backtrace());
     }
@@ -248,6 +278,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   c10::Device device = check_devices(info, *stack, first);
   if (!info.no_async_reason.empty()) {
     sync_fallback(op, info, stack, device, info.no_async_reason.c_str(), false);
+    return;
+  }
+  if (info.sync_if_false_arg >= 0 && !(*stack)[first + info.sync_if_false_arg].toBool()) {
+    sync_fallback(op, info, stack, device, "in this mode its meta kernel sizes outputs differently",
+                  false);
     return;
   }
   if (!info.meta_ok.load(std::memory_order_relaxed)) {

@@ -32,3 +32,12 @@ void sync_fallback(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stac
                    c10::Device device, const char* reason, bool defer_warning);
 
 }  // namespace openneuron::aten
+
+namespace openneuron::aten {
+
+// The boxed fallback itself (registered for every op without a neuron kernel); callable by
+// native kernels that forward to another op's CPU kernel (convolution.cpp).
+void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                     torch::jit::Stack* stack);
+
+}  // namespace openneuron::aten

@@ -4,6 +4,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 
 namespace openneuron::aten {
 
@@ -37,9 +38,11 @@ at::Tensor StorageMap::view_of(const at::Tensor& t) {
                         c10::GetAllocator(c10::DeviceType::Meta), /*resizable=*/true);
     } else {
       void* data = const_cast<void*>(si->data_ptr().get());
+      // NOTE: resizable with the CPU allocator: a CPU kernel that grows an output moves it to
+      // host memory; the caller copies such outputs back (fallback.cpp, Launch::fix_outputs).
       st = c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
-                        c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)), nullptr,
-                        /*resizable=*/false);
+                        c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)),
+                        c10::GetCPUAllocator(), /*resizable=*/true);
     }
     map_.push_back(Entry{t.storage(), std::move(st)});
     mapped = &map_.back().mapped;
@@ -52,6 +55,17 @@ at::Tensor StorageMap::view_of(const at::Tensor& t) {
                                                    t.storage_offset());
   if (t.is_conj()) out._set_conj(true);
   if (t.is_neg()) out._set_neg(true);
+  return out;
+}
+
+at::Tensor host_view_fresh(const c10::Storage& storage, const TensorGeom& g) {
+  void* data = const_cast<void*>(storage.data());
+  c10::Storage st(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                  c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)), nullptr, false);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(st), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      c10::scalarTypeToTypeMeta(g.dtype));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   return out;
 }
 

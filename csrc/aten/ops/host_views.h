@@ -40,6 +40,9 @@ class StorageMap {
   c10::SmallVector<Entry, 8> map_;
 };
 
+// A CPU view of a device storage with g's geometry, over a storage of its own.
+at::Tensor host_view_fresh(const c10::Storage& storage, const TensorGeom& g);
+
 // A new neuron tensor on `device` with g's geometry (allocated on the current stream).
 at::Tensor device_empty(const TensorGeom& g, c10::Device device);
 // Gives the device tensor t g's geometry (in-place/out= args whose shape the op changed).

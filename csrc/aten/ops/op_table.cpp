@@ -33,34 +33,19 @@ bool is_index_op(std::string_view name) {
          name == "aten::_unsafe_index_put";
 }
 
-bool same_type(const c10::Argument& a, const c10::Argument& b) {
-  return a.name() == b.name() && *a.type() == *b.type();
+// Ops whose meta kernel sizes some output differently from the CPU kernel (the CPU kernel
+// returns empty or differently shaped auxiliary outputs): they run synchronously.
+bool meta_disagrees(std::string_view name) {
+  return name == "aten::_embedding_bag_forward_only" || name == "aten::_embedding_bag";
 }
 
-// The .out overload of a functional op: same leading args, then one kwarg-only mutable Tensor
-// per return, and a CPU kernel.
-std::optional<c10::OperatorHandle> find_out_overload(const c10::FunctionSchema& s) {
-  const std::string& ov = s.overload_name();
-  std::vector<std::string> candidates;
-  if (!ov.empty()) candidates.push_back(ov + "_out");
-  candidates.push_back("out");
-  for (const auto& cand : candidates) {
-    auto h = c10::Dispatcher::singleton().findSchema({s.name(), cand});
-    if (!h) continue;
-    const auto& cs = h->schema();
-    const auto& fa = s.arguments();
-    const auto& ca = cs.arguments();
-    if (ca.size() != fa.size() + s.returns().size()) continue;
-    bool ok = true;
-    for (size_t i = 0; i < fa.size() && ok; ++i) ok = same_type(fa[i], ca[i]);
-    for (size_t i = fa.size(); i < ca.size() && ok; ++i) {
-      const auto& a = ca[i];
-      ok = a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite() &&
-           a.type()->kind() == c10::TypeKind::TensorType;
-    }
-    if (ok && h->hasComputedKernelForDispatchKey(c10::DispatchKey::CPU)) return h;
-  }
-  return std::nullopt;
+// Batch norm in eval mode: the CPU kernel returns empty save_mean/save_invstd, the meta kernel
+// sized ones.
+int training_flag_arg(const c10::FunctionSchema& s) {
+  if (s.name() != "aten::native_batch_norm" && s.name() != "aten::_native_batch_norm_legit")
+    return -1;
+  auto idx = s.argumentIndexWithName("training");
+  return idx ? static_cast<int>(*idx) : -1;
 }
 
 bool is_tensor_like(const c10::TypePtr& t) {
@@ -113,12 +98,10 @@ void analyze(OpInfo& info, const c10::FunctionSchema& s, const c10::OperatorHand
     info.no_async_reason = "it returns non-tensor values";
   } else if (op && !op->hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
     info.no_async_reason = "it has no meta kernel";
+  } else if (meta_disagrees(s.name())) {
+    info.no_async_reason = "its meta kernel sizes outputs differently from its CPU kernel";
   }
-  if (!info.has_write_args && info.returns_single_tensors && info.num_returns > 0) {
-    bool all_new = true;
-    for (int a : info.return_alias_arg) all_new &= a < 0;
-    if (all_new) info.out_op = find_out_overload(s);
-  }
+  info.sync_if_false_arg = training_flag_arg(s);
 }
 
 struct Table {
