@@ -5,14 +5,13 @@
 import importlib
 import warnings
 
-import torch
-
 __version__ = "0.1.0"
 __all__ = ["__version__", "is_registered", "ops_report"]
 
 _BACKEND = "neuron"
 _registered = False
 _import_error: BaseException | None = None
+_warned = False
 
 
 def _warn_once(message: str) -> None:
@@ -22,15 +21,17 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-_warned = False
-
-
 def _register() -> None:
     """Import the extension and register the device with torch, in the order torch expects.
 
     Idempotent; never raises. On failure it warns once and leaves torch without torch.neuron.
     """
     global _registered, _import_error
+    # NOTE: torch is imported here, not at module top: when `import openneuron` comes first,
+    # `import torch` runs the autoload entry point, which re-enters this function through the
+    # partially initialized package; everything it needs is defined by then.
+    import torch
+
     if _registered or _import_error is not None:
         return
     try:
