@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -29,7 +28,7 @@ namespace {
 constexpr uint64_t kSmallAlign = 64;
 constexpr uint64_t kPageAlign = 4096;
 constexpr uint64_t kMmapThreshold = 64 * 1024;
-constexpr auto kEventSpin = std::chrono::microseconds(20);
+constexpr auto kExitDrainLimit = std::chrono::seconds(10);
 
 uint64_t round_up(uint64_t n, uint64_t m) { return (n + m - 1) / m * m; }
 
@@ -150,85 +149,61 @@ class DeviceState : public ErrorSink {
 }  // namespace
 
 struct HalStream {
-  HalStream(DeviceState* d, int prio) : device(d), priority(prio), queue(d) {}
+  HalStream(DeviceState* d, int prio)
+      : device(d), priority(prio), queue(std::make_shared<WorkQueue>(d)) {}
   DeviceState* device;
   int priority;
-  WorkQueue queue;
+  std::shared_ptr<WorkQueue> queue;
 };
 
-// NOTE: reference counted: the owner holds one reference and each queued marker or wait holds
-// one, so destroying an event with a pending record is safe (as in CUDA).
+// NOTE: an event is a position (queue, ticket) in a stream: recording enqueues nothing (so it
+// never blocks on a full queue) unless the event takes timestamps; then a marker item stamps
+// the time when the executor reaches it. Reference counted: the owner holds one reference and
+// each queued marker one, so destroying an event with a pending record is safe (as in CUDA).
 struct HalEvent {
   explicit HalEvent(unsigned f) : flags(f) {}
   const unsigned flags;
   std::atomic<int> refs{1};
-  std::atomic<uint64_t> recorded{0};  // records so far; the latest one is `recorded`
-  std::atomic<uint64_t> reached{0};   // highest record reached
-  std::atomic<int> device{-1};        // device of the latest record
-  std::atomic<int> waiters{0};
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t stamp_count = 0;  // guarded by mu: which record stamp_ns belongs to
+  std::mutex mu;  // guards everything below
+  std::shared_ptr<const WorkQueue> queue;  // stream of the latest record; null: never recorded
+  uint64_t ticket = 0;                     // the latest record is reached once queue->done() >= ticket
+  DeviceIndex device = -1;
+  uint64_t records = 0;      // records so far
+  uint64_t stamp_count = 0;  // which record stamp_ns belongs to
   int64_t stamp_ns = 0;
 };
 
 namespace {
 
+struct EventPoint {
+  std::shared_ptr<const WorkQueue> queue;
+  uint64_t ticket = 0;
+  DeviceIndex device = -1;
+  bool reached() const { return queue == nullptr || queue->done() >= ticket; }
+};
+
+EventPoint event_point(HalEvent* e) {
+  std::lock_guard<std::mutex> lk(e->mu);
+  return {e->queue, e->ticket, e->device};
+}
+
 void event_release(HalEvent* e) {
   if (e->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete e;
 }
 
-void event_mark(HalEvent* e, uint64_t n) {
-  if (e->flags & kEventTiming) {
-    std::lock_guard<std::mutex> lk(e->mu);
-    if (n > e->stamp_count) {
-      e->stamp_count = n;
-      e->stamp_ns = now_ns();
-    }
-  }
-  uint64_t cur = e->reached.load(std::memory_order_relaxed);
-  while (cur < n && !e->reached.compare_exchange_weak(cur, n, std::memory_order_seq_cst)) {
-  }
-  if (e->waiters.load(std::memory_order_seq_cst) > 0) {
-    std::lock_guard<std::mutex> lk(e->mu);
-    e->cv.notify_all();
-  }
-}
-
-void event_wait(HalEvent* e, uint64_t n) {
-  if (e->reached.load(std::memory_order_acquire) >= n) return;
-  const auto deadline = std::chrono::steady_clock::now() + kEventSpin;
-  for (unsigned i = 1; e->reached.load(std::memory_order_acquire) < n; ++i) {
-    if ((i & 31) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) break;
-      std::this_thread::yield();
-    }
-    cpu_relax();
-  }
-  if (e->reached.load(std::memory_order_acquire) >= n) return;
-  e->waiters.fetch_add(1, std::memory_order_seq_cst);
-  {
-    std::unique_lock<std::mutex> lk(e->mu);
-    e->cv.wait(lk, [&] { return e->reached.load(std::memory_order_seq_cst) >= n; });
-  }
-  e->waiters.fetch_sub(1, std::memory_order_seq_cst);
-}
-
-// Queue items for events; trivially copyable and 16 bytes, so std::function stores them
-// without a heap allocation.
-struct EventMarker {
+// The queue item of a timing record; trivially copyable and 16 bytes, so std::function stores
+// it without a heap allocation.
+struct EventStamp {
   HalEvent* e;
   uint64_t n;
   void operator()() const {
-    event_mark(e, n);
-    event_release(e);
-  }
-};
-struct EventWaiter {
-  HalEvent* e;
-  uint64_t n;
-  void operator()() const {
-    event_wait(e, n);
+    {
+      std::lock_guard<std::mutex> lk(e->mu);
+      if (n > e->stamp_count) {
+        e->stamp_count = n;
+        e->stamp_ns = now_ns();
+      }
+    }
     event_release(e);
   }
 };
@@ -245,21 +220,58 @@ const char* copy_name(CopyKind kind) {
   return "memcpy";
 }
 
+class SoftwareCore;
+
+// Live software cores, drained at process exit (see drain_at_exit).
+struct LiveCores {
+  std::mutex mu;
+  std::unordered_set<SoftwareCore*> cores;
+};
+LiveCores& live_cores() {
+  static auto* l = new LiveCores;
+  return *l;
+}
+void drain_at_exit();
+
 class SoftwareCore final : public Hal {
  public:
   explicit SoftwareCore(const Config& config) : launch_blocking_(config.launch_blocking) {
     for (size_t i = 0; i < config.visible_cores.size(); ++i) {
-      devices_.emplace_back(new DeviceState(static_cast<DeviceIndex>(i), config.device_memory));
+      devices_.emplace_back(
+          std::make_unique<DeviceState>(static_cast<DeviceIndex>(i), config.device_memory));
     }
     const unsigned hw = std::thread::hardware_concurrency();
     host_cores_ = hw == 0 ? 1 : static_cast<int>(hw);
+    static std::once_flag registered;
+    std::call_once(registered, [] { std::atexit(drain_at_exit); });
+    LiveCores& live = live_cores();
+    std::lock_guard<std::mutex> lk(live.mu);
+    live.cores.insert(this);
   }
 
   ~SoftwareCore() override {
+    {
+      LiveCores& live = live_cores();
+      std::lock_guard<std::mutex> lk(live.mu);
+      live.cores.erase(this);
+    }
     std::lock_guard<std::mutex> lk(streams_mu_);
-    for (HalStream* s : streams_) delete s;
+    for (HalStream* s : streams_) {
+      s->queue->shutdown();
+      delete s;
+    }
     streams_.clear();
-    for (DeviceState* d : devices_) delete d;
+  }
+
+  // Lets queued work finish (until `deadline`), without raising its errors.
+  void drain(std::chrono::steady_clock::time_point deadline) {
+    std::lock_guard<std::mutex> lk(streams_mu_);
+    for (HalStream* s : streams_) {
+      const uint64_t ticket = s->queue->pushed();
+      while (s->queue->done() < ticket && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
   }
 
   int device_count() const noexcept override { return static_cast<int>(devices_.size()); }
@@ -309,21 +321,22 @@ class SoftwareCore final : public Hal {
       std::lock_guard<std::mutex> lk(streams_mu_);
       streams_.erase(s);
     }
+    s->queue->shutdown();
     delete s;
   }
 
   void stream_sync(HalStream* s) override {
-    s->queue.wait(s->queue.pushed());
+    s->queue->wait(s->queue->pushed());
     s->device->raise_pending();
   }
 
-  bool stream_query(HalStream* s) override { return s->queue.done() >= s->queue.pushed(); }
+  bool stream_query(HalStream* s) override { return s->queue->done() >= s->queue->pushed(); }
 
   void stream_enqueue(HalStream* s, Work work) override {
     work.seq = s->device->next_seq();
-    const uint64_t ticket = s->queue.push(std::move(work));
+    const uint64_t ticket = s->queue->push(std::move(work));
     if (launch_blocking_) {
-      s->queue.wait(ticket);
+      s->queue->wait(ticket);
       s->device->raise_pending();
     }
   }
@@ -337,37 +350,49 @@ class SoftwareCore final : public Hal {
   }
 
   void event_record(HalEvent* e, HalStream* s) override {
-    const uint64_t n = e->recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
-    e->device.store(s->device->index(), std::memory_order_release);
+    if (!(e->flags & kEventTiming)) {
+      std::lock_guard<std::mutex> lk(e->mu);
+      ++e->records;
+      e->queue = s->queue;
+      e->ticket = s->queue->pushed();
+      e->device = s->device->index();
+      return;
+    }
+    uint64_t n = 0;
+    {
+      std::lock_guard<std::mutex> lk(e->mu);
+      n = ++e->records;
+    }
     e->refs.fetch_add(1, std::memory_order_relaxed);
     Work w;
-    w.fn = EventMarker{e, n};
+    w.fn = EventStamp{e, n};
     w.name = "event record";
-    s->queue.push(std::move(w));
+    const uint64_t ticket = s->queue->push(std::move(w));
+    std::lock_guard<std::mutex> lk(e->mu);
+    if (e->records == n) {
+      e->queue = s->queue;
+      e->ticket = ticket;
+      e->device = s->device->index();
+    }
   }
 
   void stream_wait_event(HalStream* s, HalEvent* e) override {
-    const uint64_t n = e->recorded.load(std::memory_order_acquire);
-    if (n == 0 || e->reached.load(std::memory_order_acquire) >= n) return;
-    e->refs.fetch_add(1, std::memory_order_relaxed);
+    EventPoint p = event_point(e);
+    if (p.reached() || p.queue == s->queue) return;
     Work w;
-    w.fn = EventWaiter{e, n};
+    w.fn = [q = std::move(p.queue), ticket = p.ticket] { q->wait(ticket); };
     w.name = "event wait";
-    s->queue.push(std::move(w));
+    s->queue->push(std::move(w));
   }
 
   void event_sync(HalEvent* e) override {
-    const uint64_t n = e->recorded.load(std::memory_order_acquire);
-    if (n == 0) return;
-    event_wait(e, n);
-    const int d = e->device.load(std::memory_order_acquire);
-    if (d >= 0 && d < device_count()) devices_[d]->raise_pending();
+    const EventPoint p = event_point(e);
+    if (p.queue == nullptr) return;
+    p.queue->wait(p.ticket);
+    if (p.device >= 0 && p.device < device_count()) devices_[p.device]->raise_pending();
   }
 
-  bool event_query(HalEvent* e) override {
-    const uint64_t n = e->recorded.load(std::memory_order_acquire);
-    return e->reached.load(std::memory_order_acquire) >= n;
-  }
+  bool event_query(HalEvent* e) override { return event_point(e).reached(); }
 
   float event_elapsed_ms(HalEvent* start, HalEvent* end) override {
     if (!(start->flags & kEventTiming) || !(end->flags & kEventTiming)) {
@@ -390,13 +415,12 @@ class SoftwareCore final : public Hal {
   }
 
   static int64_t stamp_of(HalEvent* e, const char* which) {
-    const uint64_t n = e->recorded.load(std::memory_order_acquire);
-    if (n == 0) {
+    std::lock_guard<std::mutex> lk(e->mu);
+    if (e->records == 0) {
       throw Error(std::string("elapsed_time: the ") + which +
                   " event was never recorded; call record() on both events first");
     }
-    std::lock_guard<std::mutex> lk(e->mu);
-    if (e->stamp_count < n) {
+    if (e->stamp_count < e->records) {
       throw Error(std::string("elapsed_time: the ") + which +
                   " event has not completed yet; call synchronize() on it first");
     }
@@ -405,10 +429,20 @@ class SoftwareCore final : public Hal {
 
   const bool launch_blocking_;
   int host_cores_ = 1;
-  std::vector<DeviceState*> devices_;
+  std::vector<std::unique_ptr<DeviceState>> devices_;
   std::mutex streams_mu_;
   std::unordered_set<HalStream*> streams_;
 };
+
+// NOTE: registered with atexit when the first core is created, so it runs before the static
+// destructors of everything constructed earlier (torch included): queued work must not run
+// against destroyed statics. Executor threads are left parked, never joined, at exit.
+void drain_at_exit() {
+  LiveCores& live = live_cores();
+  std::lock_guard<std::mutex> lk(live.mu);
+  const auto deadline = std::chrono::steady_clock::now() + kExitDrainLimit;
+  for (SoftwareCore* core : live.cores) core->drain(deadline);
+}
 
 }  // namespace
 

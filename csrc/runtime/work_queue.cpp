@@ -8,6 +8,7 @@
 #include <functional>
 #include <utility>
 
+#include "errors.h"
 #include "software_core.h"
 
 namespace openneuron::runtime {
@@ -58,7 +59,12 @@ void executor_set_thread_init(std::function<void()> fn) {
 
 WorkQueue::WorkQueue(ErrorSink* sink) : sink_(sink), slots_(new Work[kCapacity]) {}
 
-WorkQueue::~WorkQueue() {
+WorkQueue::~WorkQueue() { shutdown(); }
+
+void WorkQueue::shutdown() {
+  std::lock_guard<std::mutex> push_lock(push_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
   wait(pushed());
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -70,6 +76,7 @@ WorkQueue::~WorkQueue() {
 
 uint64_t WorkQueue::push(Work&& work) {
   std::lock_guard<std::mutex> lk(push_mu_);
+  if (shut_down_) throw Error("work enqueued on a stream that was already destroyed");
   if (!started_) {
     started_ = true;
     thread_ = std::thread([this] { run(); });

@@ -32,8 +32,11 @@ bool spin_step(unsigned iteration, std::chrono::steady_clock::time_point deadlin
 class WorkQueue {
  public:
   explicit WorkQueue(ErrorSink* sink);
-  // Waits for every pushed item, then stops and joins the executor thread.
+  // Calls shutdown().
   ~WorkQueue();
+  // Waits for every pushed item, then stops and joins the executor thread; no pushes after it.
+  // Idempotent. done() stays valid, so events may still refer to a shut-down queue.
+  void shutdown();
   WorkQueue(const WorkQueue&) = delete;
   WorkQueue& operator=(const WorkQueue&) = delete;
 
@@ -59,6 +62,7 @@ class WorkQueue {
   // Producer side (guarded by push_mu_, except tail_ which the executor reads).
   std::mutex push_mu_;
   bool started_ = false;
+  bool shut_down_ = false;
   uint64_t cached_head_ = 0;
   std::thread thread_;
   alignas(64) std::atomic<uint64_t> tail_{0};  // items pushed
