@@ -67,10 +67,20 @@ double unit_multiplier(const std::string& unit) {
     double mult;
   };
   static const Unit kUnits[] = {
-      {"", 1.0},           {"b", 1.0},          {"k", 1024.0},       {"kib", 1024.0},
-      {"kb", 1e3},         {"m", 1048576.0},    {"mib", 1048576.0},  {"mb", 1e6},
-      {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9},       {"t", 1099511627776.0},
-      {"tib", 1099511627776.0}, {"tb", 1e12},
+      {"", 1.0},
+      {"b", 1.0},
+      {"k", 1024.0},
+      {"kib", 1024.0},
+      {"kb", 1e3},
+      {"m", 1048576.0},
+      {"mib", 1048576.0},
+      {"mb", 1e6},
+      {"g", 1073741824.0},
+      {"gib", 1073741824.0},
+      {"gb", 1e9},
+      {"t", 1099511627776.0},
+      {"tib", 1099511627776.0},
+      {"tb", 1e12},
   };
   for (const Unit& u : kUnits) {
     if (iequals(unit, u.name)) return u.mult;
@@ -169,7 +179,8 @@ Config make_config(const std::optional<std::string>& visible_cores,
                    const std::optional<std::string>& device_memory,
                    const std::optional<std::string>& launch_blocking, uint64_t host_ram) {
   Config c;
-  c.visible_cores = visible_cores ? parse_visible_cores(*visible_cores) : std::vector<int>{0, 1, 2, 3};
+  c.visible_cores =
+      visible_cores ? parse_visible_cores(*visible_cores) : std::vector<int>{0, 1, 2, 3};
   if (device_memory) {
     c.device_memory = parse_memory_size(*device_memory);
   } else {

@@ -164,8 +164,8 @@ class HostCache {
 
   std::mutex mu_;
   HostStats stats_;
-  std::map<uintptr_t, HostBlock*> blocks_;    // every block held, by address
-  std::multimap<size_t, HostBlock*> free_;    // cached blocks by size class
+  std::map<uintptr_t, HostBlock*> blocks_;  // every block held, by address
+  std::multimap<size_t, HostBlock*> free_;  // cached blocks by size class
   std::vector<std::pair<HalEvent*, HostBlock*>> pending_;
   std::vector<HalEvent*> events_;
 };

@@ -51,8 +51,8 @@ class DeviceState : public ErrorSink {
   uint64_t next_seq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }
 
   void* alloc(uint64_t bytes) {
-    const uint64_t size = round_up(std::max<uint64_t>(bytes, 1),
-                                   bytes >= kMmapThreshold ? kPageAlign : kSmallAlign);
+    const uint64_t size =
+        round_up(std::max<uint64_t>(bytes, 1), bytes >= kMmapThreshold ? kPageAlign : kSmallAlign);
     uint64_t used = used_.load(std::memory_order_relaxed);
     do {
       if (used + size > capacity_) return nullptr;
@@ -164,9 +164,9 @@ struct HalEvent {
   explicit HalEvent(unsigned f) : flags(f) {}
   const unsigned flags;
   std::atomic<int> refs{1};
-  std::mutex mu;  // guards everything below
+  std::mutex mu;                           // guards everything below
   std::shared_ptr<const WorkQueue> queue;  // stream of the latest record; null: never recorded
-  uint64_t ticket = 0;                     // the latest record is reached once queue->done() >= ticket
+  uint64_t ticket = 0;  // the latest record is reached once queue->done() >= ticket
   DeviceIndex device = -1;
   uint64_t records = 0;      // records so far
   uint64_t stamp_count = 0;  // which record stamp_ns belongs to

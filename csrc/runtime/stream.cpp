@@ -54,10 +54,10 @@ int level_of(int priority) { return priority < 0 ? 1 : 0; }
 
 void check_id(DeviceIndex d, int64_t id) {
   if (id < 0 || id >= kStreamsPerDevice) {
-    throw DeviceError("invalid stream id " + std::to_string(id) + " on neuron:" +
-                      std::to_string(d) + ": stream ids are 0 (default stream) to " +
-                      std::to_string(kStreamsPerDevice - 1) +
-                      "; use a Stream obtained from torch.neuron.Stream() or current_stream()");
+    throw DeviceError(
+        "invalid stream id " + std::to_string(id) + " on neuron:" + std::to_string(d) +
+        ": stream ids are 0 (default stream) to " + std::to_string(kStreamsPerDevice - 1) +
+        "; use a Stream obtained from torch.neuron.Stream() or current_stream()");
   }
 }
 

@@ -16,8 +16,12 @@ using testing::Gate;
 
 constexpr size_t kMiB = size_t{1} << 20;
 
-int64_t allocated(DeviceIndex d) { return allocator_stats(d).allocated_bytes[kStatAggregate].current; }
-int64_t reserved(DeviceIndex d) { return allocator_stats(d).reserved_bytes[kStatAggregate].current; }
+int64_t allocated(DeviceIndex d) {
+  return allocator_stats(d).allocated_bytes[kStatAggregate].current;
+}
+int64_t reserved(DeviceIndex d) {
+  return allocator_stats(d).reserved_bytes[kStatAggregate].current;
+}
 
 const SegmentInfo* segment_of(const std::vector<SegmentInfo>& segs, const void* p) {
   const auto a = reinterpret_cast<uint64_t>(p);
@@ -171,7 +175,7 @@ TEST(CachingAllocator, OutOfMemoryMessageAndRecovery) {
   }
   EXPECT_EQ(allocator_stats(1).num_ooms, ooms + 1);
   EXPECT_EQ(reserved(1), static_cast<int64_t>(100 * kMiB));  // the cache was released
-  void* after = allocator_alloc(800 * kMiB, s);  // still usable
+  void* after = allocator_alloc(800 * kMiB, s);              // still usable
   EXPECT_NE(after, nullptr);
   allocator_free(after);
   allocator_free(held);
@@ -185,7 +189,7 @@ TEST(CachingAllocator, AllocationReleasesCacheWhenFull) {
   allocator_empty_cache(1);
   const int64_t retries = allocator_stats(1).num_alloc_retries;
   allocator_free(allocator_alloc(700 * kMiB, a));  // cached on stream a
-  void* p = allocator_alloc(700 * kMiB, b);       // needs a's cached segment released
+  void* p = allocator_alloc(700 * kMiB, b);        // needs a's cached segment released
   EXPECT_EQ(allocator_stats(1).num_alloc_retries, retries + 1);
   allocator_free(p);
   allocator_empty_cache(1);

@@ -51,8 +51,7 @@ TEST(Config, MemorySizes) {
 TEST(Config, MemoryErrors) {
   for (const char* bad : {"", "abc", "0", "-1GiB", "8XB", "1.2.3G", "0.1B", "GiB"}) {
     const std::string msg = config_error(std::nullopt, std::string(bad));
-    EXPECT_NE(msg.find("OPENNEURON_DEVICE_MEMORY=\"" + std::string(bad) + "\""),
-              std::string::npos)
+    EXPECT_NE(msg.find("OPENNEURON_DEVICE_MEMORY=\"" + std::string(bad) + "\""), std::string::npos)
         << msg;
     EXPECT_NE(msg.find("e.g. \"8GiB\""), std::string::npos) << msg;
   }

@@ -82,7 +82,8 @@ TEST(Events, ElapsedTime) {
   HalEvent* plain = h->event_create(kEventDefault);
   EXPECT_THROW(h->event_elapsed_ms(start, end), Error);  // never recorded
   h->event_record(start, s);
-  h->stream_enqueue(s, make_work([] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }));
+  h->stream_enqueue(s,
+                    make_work([] { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }));
   h->event_record(end, s);
   h->event_record(plain, s);
   h->event_sync(end);

@@ -77,9 +77,8 @@ TEST(SoftwareCore, MemoryAlignmentAndCapacity) {
 }
 
 TEST(SoftwareCore, AsyncErrorSurfacesAtNextSyncWithOriginAndIsCleared) {
-  origin_set_resolver([](uint32_t id) {
-    return id == 7 ? std::string("train.py:42 in forward") : std::string();
-  });
+  origin_set_resolver(
+      [](uint32_t id) { return id == 7 ? std::string("train.py:42 in forward") : std::string(); });
   auto h = make_hal();
   HalStream* s = h->stream_create(0, 0);
   std::atomic<bool> later_ran{false};
@@ -112,7 +111,7 @@ TEST(SoftwareCore, AsyncErrorIsPerDeviceAndRaisedByEventSync) {
   h->stream_enqueue(s0, failing("aten::div.out", 0, "bad"));
   h->stream_sync(s1);
   while (!h->stream_query(s0)) std::this_thread::yield();
-  EXPECT_TRUE(h->stream_query(s0));  // query never throws
+  EXPECT_TRUE(h->stream_query(s0));                  // query never throws
   EXPECT_THROW(h->stream_sync(other0), AsyncError);  // any sync point on the device
   h->event_destroy(e);
   for (HalStream* s : {s0, s1, other0}) h->stream_destroy(s);

@@ -33,7 +33,8 @@ TEST(Streams, TenThousandItemsRunInOrder) {
   auto h = make_hal();
   HalStream* s = h->stream_create(0, 0);
   std::vector<int> seen;
-  for (int i = 0; i < 10000; ++i) h->stream_enqueue(s, make_work([&seen, i] { seen.push_back(i); }));
+  for (int i = 0; i < 10000; ++i)
+    h->stream_enqueue(s, make_work([&seen, i] { seen.push_back(i); }));
   h->stream_sync(s);
   ASSERT_EQ(seen.size(), 10000u);
   for (int i = 0; i < 10000; ++i) ASSERT_EQ(seen[i], i);
