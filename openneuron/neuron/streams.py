@@ -47,7 +47,12 @@ class Stream(torch.Stream):
         return f"<torch.neuron.Stream device={self.device} stream_id={self.stream_id}>"
 
 
-class Event(torch.Event):
+class _NeuronEventMeta(type):
+    def __instancecheck__(cls, obj: object) -> bool:
+        return isinstance(obj, torch.Event) and obj.device.type == "neuron"
+
+
+class Event(torch.Event, metaclass=_NeuronEventMeta):
     """A marker in a neuron stream, like torch.cuda.Event.
 
     Args:
@@ -57,14 +62,15 @@ class Event(torch.Event):
             compatibility).
     """
 
+    # NOTE: returns a plain torch.Event on the neuron device, not an instance of this class:
+    # torch.Event.elapsed_time accepts only an exact torch.Event as its argument (a type check
+    # in torch/csrc/Event.cpp), so a subclass instance could never be timed against another.
+    # isinstance(e, torch.neuron.Event) still holds for every neuron event (metaclass).
     def __new__(cls, enable_timing: bool = False, blocking: bool = False,
                 interprocess: bool = False, device=None):
         dev = torch.device("neuron") if device is None else _neuron_device(device)
-        return super().__new__(cls, dev, enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
-
-    def __repr__(self) -> str:
-        return f"<torch.neuron.Event device={self.device} event_id={self.event_id}>"
+        return torch.Event(dev, enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
 
 
 def _wrap(stream_tuple: tuple[int, int, int]) -> Stream:

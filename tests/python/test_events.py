@@ -14,7 +14,8 @@ def _busy(n: int = 30) -> torch.Tensor:
 
 def test_record_query_synchronize():
     e = torch.neuron.Event()
-    assert isinstance(e, torch.Event)
+    assert isinstance(e, torch.Event) and isinstance(e, torch.neuron.Event)
+    assert not isinstance(torch.Event("cpu"), torch.neuron.Event)
     assert e.query()  # never recorded: complete, as in CUDA
     x = _busy()
     e.record()
@@ -71,7 +72,8 @@ def test_elapsed_time_requires_timing():
     start.record()
     end.record()
     end.synchronize()
-    with pytest.raises(RuntimeError):
+    # torch's generic c10::Event check raises ValueError (torch.cuda raises RuntimeError).
+    with pytest.raises(ValueError, match="enable_timing"):
         start.elapsed_time(end)
 
 
@@ -79,7 +81,7 @@ def test_elapsed_time_requires_recorded_events():
     start = torch.neuron.Event(enable_timing=True)
     end = torch.neuron.Event(enable_timing=True)
     start.record()
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match="recorded"):
         start.elapsed_time(end)
     torch.neuron.synchronize()
 
