@@ -17,7 +17,18 @@ RANDOM_OPS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(RANDOM_OPS))
+_DROPOUT_CPU_GENERATOR = pytest.mark.xfail(
+    strict=True,
+    reason="aten::native_dropout takes the async ATen path with the CPU kernel, which draws from "
+    "the CPU generator: torch.neuron.manual_seed alone does not make it reproducible "
+    "(torch.manual_seed does, as it seeds both)",
+)
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=_DROPOUT_CPU_GENERATOR) if n == "dropout" else n
+    for n in sorted(RANDOM_OPS)
+])
 def test_manual_seed_reproduces(name):
     op = RANDOM_OPS[name]
     torch.neuron.manual_seed(1234)
@@ -39,7 +50,7 @@ def test_distribution_sanity():
     assert abs(y.mean().item()) < 0.02 and abs(y.std().item() - 1.0) < 0.02
     d = F.dropout(torch.ones(100_000, device="neuron"), p=0.25).cpu()
     assert abs((d == 0).float().mean().item() - 0.25) < 0.01
-    assert set(d.unique().tolist()) <= {0.0, 1.0 / 0.75}
+    assert set(d.unique().tolist()) <= {0.0, torch.tensor(1.0 / 0.75).item()}
 
 
 def test_rng_state_round_trip():
@@ -142,3 +153,31 @@ def test_seed_before_init_is_applied(run_py):
     """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "77"]
+
+
+def test_torch_manual_seed_reproduces_dropout():
+    x = torch.ones(1000, device="neuron")
+    torch.manual_seed(8)
+    a = F.dropout(x, p=0.5).cpu()
+    torch.manual_seed(8)
+    assert torch.equal(F.dropout(x, p=0.5).cpu(), a)
+
+
+def test_identical_across_processes(run_py):
+    code = """
+        import hashlib, torch
+        import torch.nn.functional as F
+        torch.manual_seed(31)
+        outs = [torch.rand(100, device="neuron"), torch.randn(100, device="neuron"),
+                torch.randint(0, 9, (100,), device="neuron"),
+                F.dropout(torch.ones(100, device="neuron"), 0.5),
+                torch.bernoulli(torch.full((100,), 0.3, device="neuron")),
+                torch.empty(100, device="neuron").normal_()]
+        h = hashlib.sha256()
+        for t in outs:
+            h.update(t.cpu().numpy().tobytes())
+        print(h.hexdigest())
+    """
+    first, second = run_py(code), run_py(code)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() and first.stdout == second.stdout
