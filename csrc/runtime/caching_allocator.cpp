@@ -30,6 +30,7 @@ constexpr size_t kSmallBuffer = size_t{2} << 20;
 constexpr size_t kLargeBuffer = size_t{20} << 20;
 constexpr size_t kMinLargeAlloc = size_t{10} << 20;
 constexpr size_t kRoundLarge = size_t{2} << 20;
+constexpr size_t kMaxRequest = size_t{1} << 56;  // beyond any capacity; keeps rounding exact
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
@@ -103,6 +104,10 @@ class DeviceCache {
 
   Block* malloc(size_t bytes, int64_t stream) {
     std::unique_lock<std::mutex> lk(mu_);
+    if (bytes > kMaxRequest) {
+      ++stats_.num_ooms;
+      throw OutOfMemoryError(oom_message(bytes));
+    }
     const size_t size = round_size(bytes);
     const bool small = size <= kSmallSize;
     BlockPool& pool = small ? small_ : large_;

@@ -174,6 +174,8 @@ TEST(CachingAllocator, OutOfMemoryMessageAndRecovery) {
                  "OPENNEURON_DEVICE_MEMORY.");
   }
   EXPECT_EQ(allocator_stats(1).num_ooms, ooms + 1);
+  EXPECT_THROW(allocator_alloc(~size_t{0} - 100, s), OutOfMemoryError);  // no rounding overflow
+  EXPECT_EQ(allocator_stats(1).num_ooms, ooms + 2);
   EXPECT_EQ(reserved(1), static_cast<int64_t>(100 * kMiB));  // the cache was released
   void* after = allocator_alloc(800 * kMiB, s);              // still usable
   EXPECT_NE(after, nullptr);

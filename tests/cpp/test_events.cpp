@@ -117,6 +117,40 @@ TEST(Events, DestroyWithPendingRecordIsSafe) {
   h->stream_destroy(b);
 }
 
+TEST(Events, RecordingOnAFullQueueDoesNotBlock) {
+  auto h = make_hal();
+  HalStream* s = h->stream_create(0, 0);
+  Gate gate;
+  h->stream_enqueue(s, gate.work());
+  for (size_t i = 1; i < kMaxQueuedWork; ++i) h->stream_enqueue(s, make_work([] {}));
+  HalEvent* e = h->event_create(kEventDefault);
+  h->event_record(e, s);  // would wait for a free slot if recording enqueued work
+  EXPECT_FALSE(h->event_query(e));
+  gate.open();
+  h->event_sync(e);
+  EXPECT_TRUE(h->stream_query(s));
+  h->event_destroy(e);
+  h->stream_destroy(s);
+}
+
+TEST(Events, EventOutlivesItsStream) {
+  auto h = make_hal();
+  HalStream* a = h->stream_create(0, 0);
+  HalEvent* e = h->event_create(kEventTiming);
+  std::atomic<int> ran{0};
+  h->stream_enqueue(a, make_work([&] { ran = 1; }));
+  h->event_record(e, a);
+  h->stream_destroy(a);
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_TRUE(h->event_query(e));
+  h->event_sync(e);
+  HalStream* b = h->stream_create(0, 0);
+  h->stream_wait_event(b, e);
+  h->stream_sync(b);
+  h->event_destroy(e);
+  h->stream_destroy(b);
+}
+
 TEST(EventHandle, RecordBlockQuerySynchronize) {
   const Stream a = stream_from_pool(0);
   const Stream b = stream_from_pool(0);
