@@ -156,9 +156,9 @@ class DeviceCache {
       b->event_count = static_cast<int>(uses.size());
       for (size_t i = 0; i < uses.size(); ++i) events.push_back(take_event());
     }
-    // NOTE: recording enqueues on other streams and may block while their queues are full;
-    // their executors may need this mutex (work releasing tensors), so record unlocked. The
-    // block is neither allocated nor pooled meanwhile: nobody can reuse or merge it.
+    // NOTE: recorded unlocked: a HAL may block in event_record (a hardware queue; the software
+    // core does not), and executors need this mutex when work releases tensors. The block is
+    // neither allocated nor pooled meanwhile, so nobody can reuse or merge it.
     for (size_t i = 0; i < uses.size(); ++i) hal().event_record(events[i], uses[i].hal_stream());
     std::lock_guard<std::mutex> lk(mu_);
     for (size_t i = 0; i < uses.size(); ++i) {

@@ -89,7 +89,7 @@ class HostCache {
       b->event_count = static_cast<int>(uses.size());
       for (size_t i = 0; i < uses.size(); ++i) events.push_back(take_event());
     }
-    // NOTE: recorded unlocked: enqueueing may block on a full stream (see caching_allocator).
+    // NOTE: recorded unlocked, as in caching_allocator.cpp: a HAL may block in event_record.
     for (size_t i = 0; i < uses.size(); ++i) hal().event_record(events[i], uses[i].hal_stream());
     std::lock_guard<std::mutex> lk(mu_);
     for (HalEvent* e : events) pending_.emplace_back(e, b);
