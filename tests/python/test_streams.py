@@ -3,12 +3,12 @@
 # non_blocking copies from pinned memory. Events are test_events.py. Reference: torch.cuda.
 import torch
 
-# Enqueues many small-but-not-trivial ops; the device work (128x128 matmuls) clearly outlasts
+# Enqueues many small-but-not-trivial ops; the device work (64x64 matmuls) clearly outlasts
 # the Python enqueue cost. Prints the query() result right after the loop, then the result.
 _ASYNC_LOOP = """
     import torch
-    a = torch.randn(128, 128, device="neuron") / 128
-    b = torch.zeros(128, 128, device="neuron")
+    a = torch.randn(64, 64, device="neuron") / 64
+    b = torch.zeros(64, 64, device="neuron")
     torch.neuron.synchronize()
     s = torch.neuron.current_stream()
     for _ in range(10_000):
