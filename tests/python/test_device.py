@@ -33,6 +33,35 @@ def test_autoload_disabled_then_import_openneuron_registers(run_py):
     assert r.stdout.split() == ["False", "True", "neuron:0"]
 
 
+def test_import_openneuron_before_torch(run_py):
+    r = run_py("""
+        import openneuron
+        import torch
+        print(openneuron.is_registered(), torch.neuron.device_count())
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "4"]
+
+
+def test_forked_child_after_init_is_bad_fork(run_py):
+    r = run_py("""
+        import os, torch
+        torch.ones(1, device="neuron")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                bad = torch.neuron._is_in_bad_fork()
+                torch.neuron.init()
+                os._exit(3)
+            except RuntimeError as e:
+                os._exit(0 if bad and "forked subprocess" in str(e) else 4)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status), torch.neuron._is_in_bad_fork())
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["child", "0", "False"]
+
+
 def test_import_openneuron_after_autoload_is_noop():
     import importlib
 
