@@ -3,6 +3,7 @@
 // (pinned sources directly, others through a pinned staging block); device-to-host copies are
 // sync points unless non_blocking into pinned memory; conversions and strided copies run ATen's
 // CPU copy_ inside a work item on zero-copy CPU views of device memory.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/copy_native.h>
 #include <Python.h>
@@ -191,6 +192,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   check_copy_devices(self, dst);
   if (dst.numel() == 0) return dst;
   at::Tensor src = self.sizes() == dst.sizes() ? self : self.expand(dst.sizes());
+  at::assert_no_internal_overlap(dst);
+  if (src.device() == dst.device()) at::assert_no_partial_overlap(dst, src);
   with_torch_errors([&] {
     if (src.is_privateuseone() && dst.is_privateuseone()) {
       if (src.device() == dst.device()) {
