@@ -36,7 +36,7 @@ def _register() -> None:
         return
     try:
         _C = importlib.import_module("openneuron._C")
-    except Exception as err:  # a missing or broken build must not break `import torch`
+    except Exception as err:  # noqa: BLE001 - a broken build must not break `import torch`
         _import_error = err
         _warn_once(
             f"openneuron: the C++ extension openneuron._C could not be loaded ({err}); the "
@@ -60,7 +60,7 @@ def _register() -> None:
             torch.utils.generate_methods_for_privateuse1_backend(
                 for_tensor=True, for_module=True, for_storage=True
             )
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - registration must never break `import torch`
         _import_error = err
         _warn_once(f"openneuron: registering the 'neuron' device failed: {err}")
         return

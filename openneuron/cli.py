@@ -61,7 +61,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     rows = []
     for i in range(neuron.device_count()):
         props = neuron.get_device_properties(i)
-        free, total = neuron.mem_get_info(i)
+        free, _ = neuron.mem_get_info(i)
         rows.append([
             f"neuron:{i}",
             props.name,

@@ -3,11 +3,11 @@
 # torch.random look it up as getattr(torch, "neuron"). Pieces: device.py (selection, lazy init),
 # streams.py, memory.py, random.py. Registration itself is in openneuron/__init__.py.
 from . import _utils as _utils
+from .device import _get_device_index as _get_device_index
+from .device import _is_in_bad_fork as _is_in_bad_fork
+from .device import _lazy_call as _lazy_call
+from .device import _lazy_init as _lazy_init
 from .device import (
-    _get_device_index as _get_device_index,
-    _is_in_bad_fork as _is_in_bad_fork,
-    _lazy_call as _lazy_call,
-    _lazy_init as _lazy_init,
     current_device,
     device,
     device_count,

@@ -30,7 +30,7 @@ def run_python(code: str, env: dict[str, str] | None = None,
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
-        env=full_env, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        env=full_env, cwd=REPO, check=False, capture_output=True, text=True, timeout=timeout,
     )
 
 
