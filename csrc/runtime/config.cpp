@@ -99,11 +99,19 @@ bool parse_flag(const std::string& value) {
                     "NEURON_LAUNCH_BLOCKING=1.");
 }
 
+// Physical memory, or the container's cgroup v2 limit when that is lower.
 uint64_t host_ram_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page_size <= 0) return uint64_t{8} << 30;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  uint64_t ram = (pages <= 0 || page_size <= 0)
+                     ? uint64_t{8} << 30
+                     : static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  if (std::FILE* f = std::fopen("/sys/fs/cgroup/memory.max", "r")) {
+    unsigned long long limit = 0;
+    if (std::fscanf(f, "%llu", &limit) == 1 && limit > 0 && limit < ram) ram = limit;
+    std::fclose(f);
+  }
+  return ram;
 }
 
 std::optional<std::string> env(const char* name) {

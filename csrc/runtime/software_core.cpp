@@ -49,6 +49,7 @@ class DeviceState : public ErrorSink {
   uint64_t capacity() const { return capacity_; }
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t next_seq() { return seq_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  int next_stream() { return streams_.fetch_add(1, std::memory_order_relaxed); }
 
   void* alloc(uint64_t bytes) {
     const uint64_t size =
@@ -136,6 +137,7 @@ class DeviceState : public ErrorSink {
   const uint64_t capacity_;
   std::atomic<uint64_t> used_{0};
   std::atomic<uint64_t> seq_{0};
+  std::atomic<int> streams_{0};
   std::mutex mem_mu_;
   std::unordered_map<void*, uint64_t> blocks_;
 
@@ -149,8 +151,8 @@ class DeviceState : public ErrorSink {
 }  // namespace
 
 struct HalStream {
-  HalStream(DeviceState* d, int prio)
-      : device(d), priority(prio), queue(std::make_shared<WorkQueue>(d)) {}
+  HalStream(DeviceState* d, int prio, const std::string& name)
+      : device(d), priority(prio), queue(std::make_shared<WorkQueue>(d, name)) {}
   DeviceState* device;
   int priority;
   std::shared_ptr<WorkQueue> queue;
@@ -309,7 +311,9 @@ class SoftwareCore final : public Hal {
   }
 
   HalStream* stream_create(DeviceIndex d, int priority) override {
-    auto* s = new HalStream(&device(d), priority);
+    DeviceState& dev = device(d);
+    auto* s = new HalStream(
+        &dev, priority, "neuron" + std::to_string(d) + ":s" + std::to_string(dev.next_stream()));
     std::lock_guard<std::mutex> lk(streams_mu_);
     streams_.insert(s);
     return s;

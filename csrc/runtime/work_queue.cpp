@@ -3,6 +3,8 @@
 // steady stream of small ops costs no futex wake per item. Also holds the thread-init hook.
 #include "work_queue.h"
 
+#include <pthread.h>
+
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -57,7 +59,8 @@ void executor_set_thread_init(std::function<void()> fn) {
   hook() = std::move(fn);
 }
 
-WorkQueue::WorkQueue(ErrorSink* sink) : sink_(sink), slots_(new Work[kCapacity]) {}
+WorkQueue::WorkQueue(ErrorSink* sink, std::string name)
+    : sink_(sink), name_(std::move(name)), slots_(new Work[kCapacity]) {}
 
 WorkQueue::~WorkQueue() { shutdown(); }
 
@@ -119,6 +122,7 @@ void WorkQueue::wait(uint64_t ticket) const {
 }
 
 void WorkQueue::run() {
+  pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
   {
     std::function<void()> init;
     {

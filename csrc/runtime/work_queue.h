@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "hal.h"
@@ -31,7 +32,8 @@ bool spin_step(unsigned iteration, std::chrono::steady_clock::time_point deadlin
 
 class WorkQueue {
  public:
-  explicit WorkQueue(ErrorSink* sink);
+  // name: the executor thread's name (at most 15 characters shown), e.g. "neuron0:s3".
+  WorkQueue(ErrorSink* sink, std::string name);
   // Calls shutdown().
   ~WorkQueue();
   // Waits for every pushed item, then stops and joins the executor thread; no pushes after it.
@@ -57,6 +59,7 @@ class WorkQueue {
   void execute(Work& work) noexcept;
 
   ErrorSink* sink_;
+  const std::string name_;
   std::unique_ptr<Work[]> slots_;
 
   // Producer side (guarded by push_mu_, except tail_ which the executor reads).
