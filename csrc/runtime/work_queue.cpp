@@ -32,6 +32,9 @@ std::function<void()>& hook() {
   return *f;
 }
 
+// The queue whose executor is the calling thread, if any.
+thread_local const WorkQueue* tl_running_queue = nullptr;
+
 }  // namespace
 
 bool spin_step(unsigned i, std::chrono::steady_clock::time_point deadline) noexcept {
@@ -107,6 +110,11 @@ uint64_t WorkQueue::push(Work&& work) {
 
 void WorkQueue::wait(uint64_t ticket) const {
   if (head_.load(std::memory_order_acquire) >= ticket) return;
+  if (tl_running_queue == this) {
+    throw Error(
+        "work running on a neuron stream waited for that same stream (synchronize, or enqueue "
+        "into its full queue); it would wait for itself forever");
+  }
   const auto deadline = Clock::now() + kWaiterSpin;
   for (unsigned i = 1; head_.load(std::memory_order_acquire) < ticket; ++i) {
     if (!spin_step(i, deadline)) break;
@@ -123,6 +131,7 @@ void WorkQueue::wait(uint64_t ticket) const {
 
 void WorkQueue::run() {
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
+  tl_running_queue = this;
   {
     std::function<void()> init;
     {

@@ -42,10 +42,12 @@ class WorkQueue {
   WorkQueue(const WorkQueue&) = delete;
   WorkQueue& operator=(const WorkQueue&) = delete;
 
-  // Appends work; blocks while kMaxQueuedWork items are pending. Returns the item's ticket:
-  // the item has run once done() >= ticket. thread-safe (producers are serialized).
+  // Appends work; blocks while kMaxQueuedWork items are pending (throws Error if the caller
+  // is this queue's executor, which would wait for itself). Returns the item's ticket: the
+  // item has run once done() >= ticket. thread-safe (producers are serialized).
   uint64_t push(Work&& work);
-  // Blocks until done() >= ticket. Never throws.
+  // Blocks until done() >= ticket. Throws Error instead of deadlocking when called from this
+  // queue's own executor for work not yet done (a work item syncing its own stream).
   void wait(uint64_t ticket) const;
   uint64_t pushed() const { return tail_.load(std::memory_order_acquire); }
   uint64_t done() const { return head_.load(std::memory_order_acquire); }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -108,6 +109,29 @@ TEST(Streams, DestroyWaitsForQueuedWork) {
   for (int i = 0; i < 100; ++i) h->stream_enqueue(s, make_work([&ran] { ran.fetch_add(1); }));
   h->stream_destroy(s);
   EXPECT_EQ(ran.load(), 100);
+}
+
+TEST(Streams, WorkSyncingItsOwnStreamFailsInsteadOfHanging) {
+  auto h = make_hal();
+  HalStream* s = h->stream_create(0, 0);
+  HalStream* other = h->stream_create(0, 0);
+  std::atomic<bool> enqueued_from_work{false};
+  h->stream_enqueue(s, make_work([&] { h->stream_sync(other); }));  // another stream: fine
+  h->stream_enqueue(s, make_work([&] {
+                      h->stream_enqueue(
+                          s, make_work([&] { enqueued_from_work = true; }));  // not full: fine
+                    }));
+  h->stream_enqueue(s, make_work([&] { h->stream_sync(s); }, "aten::self_sync"));
+  try {
+    h->stream_sync(s);
+    ADD_FAILURE() << "expected AsyncError";
+  } catch (const AsyncError& e) {
+    EXPECT_NE(std::string(e.what()).find("aten::self_sync (op #"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("wait for itself forever"), std::string::npos);
+  }
+  EXPECT_TRUE(enqueued_from_work.load());
+  h->stream_destroy(s);
+  h->stream_destroy(other);
 }
 
 TEST(Streams, StreamsRunConcurrently) {
