@@ -1,6 +1,6 @@
 // Event: the owning handle over a HAL event (record, block, query, synchronize, elapsed time).
-// The marker semantics live in software_core.cpp; this file only forwards and tracks the
-// device of the latest record.
+// What a record means lives in the HAL (software_core.cpp); this file only forwards and tracks
+// the device of the latest record.
 #include "event.h"
 
 #include <utility>

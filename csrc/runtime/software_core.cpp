@@ -1,7 +1,7 @@
 // The software NeuronCore: the built-in Hal. Device memory is host memory (mmap for large
 // blocks, so untouched pages cost nothing) under a per-device capacity; streams are WorkQueues
-// (work_queue.h); events are sequence markers; a failing work item is kept per device and
-// raised at that device's next sync point. Not thread pools or kernels: those live above.
+// (work_queue.h); events are positions in those queues; a failing work item is kept per device
+// and raised at that device's next sync point. Not thread pools or kernels: those live above.
 #include "software_core.h"
 
 #include <sys/mman.h>
