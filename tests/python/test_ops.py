@@ -148,3 +148,43 @@ def test_compare_cpu(op):
             torch.testing.assert_close(tree_map(_to_cpu, actual), expected, equal_nan=True,
                                        check_device=False, **tol,
                                        msg=lambda m: f"{name} sample {sample.summary()}: {m}")
+
+
+_BINARY = [torch.add, torch.sub, torch.mul, torch.div]
+
+
+@pytest.mark.parametrize("fn", _BINARY, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("case", ["same_shape", "python_scalar", "cpu_scalar_tensor",
+                                  "int_and_float", "broadcast", "non_contiguous", "in_place",
+                                  "in_place_self_alias", "zero_dim"])
+def test_binary_fast_path_matches_cpu(fn, case):
+    """add/sub/mul/div have native fast paths; each case is either taken or falls back."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(4, 5, generator=g)
+    b = torch.randn(4, 5, generator=g)
+    args = {
+        "same_shape": (a, b),
+        "python_scalar": (a, 2.5),
+        "cpu_scalar_tensor": (a, torch.tensor(3.0)),
+        "int_and_float": (torch.arange(20).reshape(4, 5), b),
+        "broadcast": (a, b[0]),
+        "non_contiguous": (a.t(), b.t()),
+        "in_place": None,
+        "in_place_self_alias": None,
+        "zero_dim": (a.sum(), torch.tensor(7, dtype=torch.int64)),
+    }[case]
+    if case.startswith("in_place"):
+        name = fn.__name__ + "_"
+        x_c, x_n = a.clone(), a.to("neuron")
+        other_c, other_n = (x_c, x_n) if case == "in_place_self_alias" else (b, b.to("neuron"))
+        getattr(x_c, name)(other_c)
+        getattr(x_n, name)(other_n)
+        torch.testing.assert_close(x_n.cpu(), x_c)
+        return
+    expected = fn(*args)
+    # 0-dim CPU tensors stay on CPU (allowed, as on CUDA) except in the zero_dim case.
+    actual = fn(*(_to_neuron(x) if isinstance(x, torch.Tensor) and (x.dim() > 0 or
+                                                                   case == "zero_dim")
+                  else x for x in args))
+    assert actual.device.type == "neuron"
+    torch.testing.assert_close(actual.cpu(), expected)

@@ -1,0 +1,170 @@
+// Native fast paths for the hottest small ops: add/sub/mul/div (Tensor overloads, functional
+// and in-place) when both operands are contiguous neuron tensors of the same shape (or the other
+// operand is a CPU scalar) and no type promotion changes the dtype. They skip the meta dispatch
+// and the boxed fallback; everything else goes to ATen's structured wrappers exactly as it would
+// without these kernels (and from there to the fallback, fallback.cpp).
+#include <ATen/ATen.h>
+#include <ATen/ops/add_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/div_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/mul_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sub_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "aten/errors.h"
+#include "aten/ops/host_views.h"
+#include "aten/ops/op_table.h"
+#include "aten/origin_capture.h"
+#include "runtime/stream.h"
+
+namespace openneuron::aten {
+namespace {
+
+enum class Binary { Add, Sub, Mul, Div };
+
+// A contiguous operand seen as a flat range of its storage.
+struct Flat {
+  c10::Storage storage;
+  int64_t offset = 0;
+};
+
+at::Tensor flat_cpu(const Flat& f, int64_t numel, c10::ScalarType dtype) {
+  TensorGeom g;
+  g.sizes = {numel};
+  g.strides = {1};
+  g.offset = f.offset;
+  g.dtype = dtype;
+  return host_view_fresh(f.storage, g);
+}
+
+bool is_cpu_scalar(const at::Tensor& t) { return t.device().is_cpu() && t.dim() == 0; }
+
+// Whether (self, other) qualify; out dtype must equal self's.
+bool eligible(Binary kind, const at::Tensor& self, const at::Tensor& other) {
+  if (!self.device().is_privateuseone() || !self.is_contiguous() || self.is_conj() ||
+      self.is_neg())
+    return false;
+  if (kind == Binary::Div && !at::isFloatingType(self.scalar_type())) return false;
+  if (is_cpu_scalar(other)) {
+    if (other.is_conj() || other.is_neg()) return false;
+  } else if (other.device() != self.device() || !other.is_contiguous() ||
+             !other.sizes().equals(self.sizes()) || other.scalar_type() != self.scalar_type() ||
+             other.is_conj() || other.is_neg()) {
+    return false;
+  }
+  return at::result_type(self, other) == self.scalar_type();
+}
+
+void enqueue(Binary kind, const char* name, const at::Tensor& out, const at::Tensor& self,
+             const at::Tensor& other, const c10::Scalar& alpha) {
+  const int64_t numel = self.numel();
+  const c10::ScalarType dtype = self.scalar_type();
+  Flat o{out.storage(), out.storage_offset()};
+  Flat a{self.storage(), self.storage_offset()};
+  std::optional<Flat> b;
+  std::optional<c10::Scalar> scalar;
+  if (is_cpu_scalar(other)) {
+    scalar = other.item();
+  } else {
+    b = Flat{other.storage(), other.storage_offset()};
+  }
+  runtime::Work work;
+  work.name = name;
+  work.origin = origin_capture();
+  work.fn = [kind, numel, dtype, o, a, b, scalar, alpha] {
+    try {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      at::Tensor out_c = flat_cpu(o, numel, dtype);
+      at::Tensor self_c = flat_cpu(a, numel, dtype);
+      at::Tensor other_c = b ? flat_cpu(*b, numel, dtype) : at::scalar_tensor(*scalar, dtype);
+      switch (kind) {
+        case Binary::Add: at::add_out(out_c, self_c, other_c, alpha); break;
+        case Binary::Sub: at::sub_out(out_c, self_c, other_c, alpha); break;
+        case Binary::Mul: at::mul_out(out_c, self_c, other_c); break;
+        case Binary::Div: at::div_out(out_c, self_c, other_c); break;
+      }
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
+    }
+  };
+  with_torch_errors(
+      [&] { runtime::stream_current(self.device().index()).enqueue(std::move(work)); });
+}
+
+template <Binary kKind>
+OpInfo& info_of(bool in_place) {
+  static const char* names[4] = {"aten::add", "aten::sub", "aten::mul", "aten::div"};
+  static const char* in_place_names[4] = {"aten::add_", "aten::sub_", "aten::mul_", "aten::div_"};
+  static OpInfo& functional = op_info(names[static_cast<int>(kKind)], "Tensor");
+  static OpInfo& inplace = op_info(in_place_names[static_cast<int>(kKind)], "Tensor");
+  return in_place ? inplace : functional;
+}
+
+template <Binary kKind>
+at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  if (!eligible(kKind, self, other)) {
+    switch (kKind) {
+      case Binary::Add: return at::compositeexplicitautogradnonfunctional::add(self, other, alpha);
+      case Binary::Sub: return at::compositeexplicitautogradnonfunctional::sub(self, other, alpha);
+      case Binary::Mul: return at::compositeexplicitautogradnonfunctional::mul(self, other);
+      case Binary::Div: return at::compositeexplicitautogradnonfunctional::div(self, other);
+    }
+  }
+  OpInfo& info = info_of<kKind>(false);
+  info.native_calls.fetch_add(1, std::memory_order_relaxed);
+  const c10::DeviceGuard guard(self.device());
+  TensorGeom g = geom_of(self);
+  g.offset = 0;
+  at::Tensor out = device_empty(g, self.device());
+  enqueue(kKind, info.name, out, self, other, alpha);
+  return out;
+}
+
+template <Binary kKind>
+at::Tensor& binary_(at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  if (!eligible(kKind, self, other)) {
+    switch (kKind) {
+      case Binary::Add: return at::compositeexplicitautogradnonfunctional::add_(self, other, alpha);
+      case Binary::Sub: return at::compositeexplicitautogradnonfunctional::sub_(self, other, alpha);
+      case Binary::Mul: return at::compositeexplicitautogradnonfunctional::mul_(self, other);
+      case Binary::Div: return at::compositeexplicitautogradnonfunctional::div_(self, other);
+    }
+  }
+  OpInfo& info = info_of<kKind>(true);
+  info.native_calls.fetch_add(1, std::memory_order_relaxed);
+  const c10::DeviceGuard guard(self.device());
+  enqueue(kKind, info.name, self, self, other, alpha);
+  return self;
+}
+
+at::Tensor add(const at::Tensor& s, const at::Tensor& o, const c10::Scalar& a) {
+  return binary<Binary::Add>(s, o, a);
+}
+at::Tensor sub(const at::Tensor& s, const at::Tensor& o, const c10::Scalar& a) {
+  return binary<Binary::Sub>(s, o, a);
+}
+at::Tensor mul(const at::Tensor& s, const at::Tensor& o) { return binary<Binary::Mul>(s, o, 1); }
+at::Tensor div(const at::Tensor& s, const at::Tensor& o) { return binary<Binary::Div>(s, o, 1); }
+at::Tensor& add_(at::Tensor& s, const at::Tensor& o, const c10::Scalar& a) {
+  return binary_<Binary::Add>(s, o, a);
+}
+at::Tensor& sub_(at::Tensor& s, const at::Tensor& o, const c10::Scalar& a) {
+  return binary_<Binary::Sub>(s, o, a);
+}
+at::Tensor& mul_(at::Tensor& s, const at::Tensor& o) { return binary_<Binary::Mul>(s, o, 1); }
+at::Tensor& div_(at::Tensor& s, const at::Tensor& o) { return binary_<Binary::Div>(s, o, 1); }
+
+}  // namespace
+}  // namespace openneuron::aten
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  namespace ops = openneuron::aten;
+  m.impl("add.Tensor", TORCH_FN(ops::add));
+  m.impl("sub.Tensor", TORCH_FN(ops::sub));
+  m.impl("mul.Tensor", TORCH_FN(ops::mul));
+  m.impl("div.Tensor", TORCH_FN(ops::div));
+  m.impl("add_.Tensor", TORCH_FN(ops::add_));
+  m.impl("sub_.Tensor", TORCH_FN(ops::sub_));
+  m.impl("mul_.Tensor", TORCH_FN(ops::mul_));
+  m.impl("div_.Tensor", TORCH_FN(ops::div_));
+}
