@@ -17,18 +17,7 @@ RANDOM_OPS = {
 }
 
 
-_DROPOUT_CPU_GENERATOR = pytest.mark.xfail(
-    strict=True,
-    reason="aten::native_dropout takes the async ATen path with the CPU kernel, which draws from "
-    "the CPU generator: torch.neuron.manual_seed alone does not make it reproducible "
-    "(torch.manual_seed does, as it seeds both)",
-)
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=_DROPOUT_CPU_GENERATOR) if n == "dropout" else n
-    for n in sorted(RANDOM_OPS)
-])
+@pytest.mark.parametrize("name", sorted(RANDOM_OPS))
 def test_manual_seed_reproduces(name):
     op = RANDOM_OPS[name]
     torch.neuron.manual_seed(1234)
