@@ -32,6 +32,30 @@ def test_autoload_disabled_then_import_openneuron_registers(run_py):
     assert r.stdout.split() == ["False", "True", "neuron:0"]
 
 
+def test_import_torch_survives_a_broken_extension(run_py):
+    r = run_py("""
+        import sys, warnings
+        import importlib.abc
+
+        class Broken(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "openneuron._C":
+                    raise ImportError("simulated: undefined symbol in _C")
+
+        sys.meta_path.insert(0, Broken())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch
+            import openneuron
+        print(hasattr(torch, "neuron"), openneuron.is_registered(), torch.ones(2).sum().item())
+        print("WARN:", " ".join(str(w.message) for w in caught))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "False False 2.0"
+    assert "simulated: undefined symbol" in r.stdout
+    assert "make build" in r.stdout
+
+
 def test_import_openneuron_before_torch(run_py):
     r = run_py("""
         import openneuron
