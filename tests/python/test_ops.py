@@ -13,8 +13,8 @@ from torch.utils._pytree import tree_map
 
 import openneuron  # noqa: F401  (registers the device)
 
-# Samples per op. All samples of all ops take ~25 s on 2 cores; 8 keeps the file at ~10 s
-# while covering broadcasting, non-contiguous and scalar variants of most ops.
+# Samples per op. All samples of all ops take ~75 s on 2 cores (and pass); 8 keeps the file at
+# ~45 s while covering broadcasting, non-contiguous and scalar variants of most ops.
 MAX_SAMPLES = int(os.environ.get("OPENNEURON_OPINFO_SAMPLES", "8"))
 
 _RANDOM = "result is random: neuron draws from its own Philox-seeded generator, CPU from " \
@@ -29,6 +29,7 @@ EXCLUDED = {
         "nn.functional.feature_alpha_dropout.with_train",
         "nn.functional.feature_alpha_dropout.without_train", "nn.functional.rrelu",
         "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
+        "svd_lowrank",  # random projection drawn with torch.randn on the input's device
     ], _RANDOM),
     **dict.fromkeys([
         "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
@@ -58,6 +59,7 @@ TOLERANCES = {
     # 1-element normalized shapes: (x - mean) * rsqrt(var + eps) amplifies rounding noise of
     # x - mean (~1e-8) by 1/sqrt(eps).
     "nn.functional.layer_norm": dict(atol=1e-3, rtol=1e-3),
+    "native_layer_norm": dict(atol=1e-3, rtol=1e-3),
     # neuron runs SDPA's math decomposition (no fused-kernel choice registered for it), CPU its
     # fused flash kernel: same math, different summation order.
     "nn.functional.scaled_dot_product_attention": dict(atol=1e-4, rtol=1e-4),
