@@ -54,9 +54,8 @@ int exchange_device(int device) {
 
 void synchronize(int device) {
   py::gil_scoped_release no_gil;
-  with_torch_errors([&] {
-    runtime::device_synchronize(device < 0 ? runtime::device_current() : device);
-  });
+  with_torch_errors(
+      [&] { runtime::device_synchronize(device < 0 ? runtime::device_current() : device); });
 }
 
 py::tuple mem_get_info(int device) {
@@ -92,13 +91,14 @@ void bind_device(py::module_& m) {
       },
       "Validates the configuration and creates the devices (idempotent).");
   m.def("_is_initialized", &runtime_initialized);
-  m.def("_is_in_bad_fork",
-        [] { return torch::utils::is_device_in_bad_fork(at::kPrivateUse1); });
-  m.def("_device_count", [] { return runtime::device_count(); }, "Never raises; 0 if invalid.");
+  m.def("_is_in_bad_fork", [] { return torch::utils::is_device_in_bad_fork(at::kPrivateUse1); });
+  m.def(
+      "_device_count", [] { return runtime::device_count(); }, "Never raises; 0 if invalid.");
   m.def("_config_error", &config_error, "The configuration error text, or None.");
   m.def("_get_device", [] { return runtime::device_current(); });
   m.def(
-      "_set_device", [](int device) { with_torch_errors([&] { runtime::device_set_current(device); }); },
+      "_set_device",
+      [](int device) { with_torch_errors([&] { runtime::device_set_current(device); }); },
       py::arg("device"));
   m.def("_exchange_device", &exchange_device, py::arg("device"));
   m.def("_synchronize", &synchronize, py::arg("device") = -1);
@@ -112,9 +112,8 @@ void bind_device(py::module_& m) {
   m.def(
       "_get_device_properties",
       [](int device) {
-        return with_torch_errors([&] {
-          return runtime::device_props(device < 0 ? runtime::device_current() : device);
-        });
+        return with_torch_errors(
+            [&] { return runtime::device_props(device < 0 ? runtime::device_current() : device); });
       },
       py::arg("device") = -1);
 }

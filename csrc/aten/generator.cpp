@@ -107,8 +107,7 @@ const at::Generator& default_generator(c10::DeviceIndex d) {
   return *slot;
 }
 
-NeuronGenerator* generator_or_default(const std::optional<at::Generator>& gen,
-                                      c10::DeviceIndex d) {
+NeuronGenerator* generator_or_default(const std::optional<at::Generator>& gen, c10::DeviceIndex d) {
   return at::get_generator_or_default<NeuronGenerator>(gen, default_generator(d));
 }
 

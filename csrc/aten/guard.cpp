@@ -86,15 +86,15 @@ class NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void record(void** event, const c10::Stream& stream, c10::DeviceIndex device_index,
               c10::EventFlag flag) const override {
-    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
-                "event of neuron:", static_cast<int>(device_index),
-                " cannot be recorded on a stream of neuron:",
-                static_cast<int>(stream.device_index()));
+    TORCH_CHECK(
+        device_index == -1 || device_index == stream.device_index(),
+        "event of neuron:", static_cast<int>(device_index),
+        " cannot be recorded on a stream of neuron:", static_cast<int>(stream.device_index()));
     with_torch_errors([&] {
       auto* e = static_cast<runtime::Event*>(*event);
       if (e == nullptr) {
-        unsigned flags =
-            flag == c10::EventFlag::BACKEND_DEFAULT ? runtime::kEventTiming : runtime::kEventDefault;
+        unsigned flags = flag == c10::EventFlag::BACKEND_DEFAULT ? runtime::kEventTiming
+                                                                 : runtime::kEventDefault;
         e = new runtime::Event(flags);
         *event = e;
       }

@@ -1,13 +1,14 @@
 // The pinned host allocator for neuron (tensor.pin_memory(), non_blocking copies): an
 // at::HostAllocator over the runtime's host_alloc, registered for PrivateUse1 and returned by
 // the hooks. Caching and stream tracking are the runtime's (csrc/runtime/host_allocator.cpp).
+#include "runtime/host_allocator.h"
+
 #include <ATen/core/CachingHostAllocator.h>
 
 #include <cstring>
 
 #include "aten/errors.h"
 #include "aten/streams.h"
-#include "runtime/host_allocator.h"
 
 namespace openneuron::aten {
 namespace {

@@ -27,8 +27,8 @@ void check_factory_args(const char* op, c10::Device device, std::optional<c10::L
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout> layout,
-                               std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format) {
   const c10::Device d = c10::device_or_default(device);
   check_factory_args("empty", d, layout, pin_memory);
@@ -48,8 +48,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 }
 
 // Sets sizes (and strides) and grows the storage if the new geometry needs more bytes.
-void resize_impl(c10::TensorImpl* self, c10::IntArrayRef size,
-                 at::OptionalIntArrayRef stride) {
+void resize_impl(c10::TensorImpl* self, c10::IntArrayRef size, at::OptionalIntArrayRef stride) {
   if (self->sizes() == size && (!stride || self->strides() == *stride)) return;
   const size_t itemsize = self->dtype().itemsize();
   const size_t offset = static_cast<size_t>(self->storage_offset());
@@ -107,8 +106,7 @@ at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
 
 void record_stream(at::Tensor& self, c10::Stream stream) {
   TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
-              "record_stream: a neuron tensor needs a neuron stream, got one on ",
-              stream.device());
+              "record_stream: a neuron tensor needs a neuron stream, got one on ", stream.device());
   allocator_record_data_ptr(self.storage().data_ptr(), stream);
 }
 
