@@ -31,7 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10, help="steps between loss read-backs")
     p.add_argument("--prompt", default="One morning the ")
     p.add_argument("--sample-chars", type=int, default=120)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 samples greedily")
+    p.add_argument("--temperature", type=float, default=0.6, help="0 samples greedily")
     p.add_argument("--compare-cpu", action="store_true",
                    help="also train on the CPU from the same weights and batches; compare")
     return p.parse_args(argv)
