@@ -1,11 +1,12 @@
 // Native neuron view ops: the ops whose only ATen kernels are per backend and that return
 // aliases (as_strided, view, _reshape_alias, unfold, view_as_real, view_as_complex). They only
 // build metadata over the same storage, so ATen's generic implementations serve; every other
-// view op is CompositeExplicitAutograd and reaches these. Also _has_compatible_shallow_copy_type,
-// which decides whether `param.data = neuron_tensor` may swap in place. Not factories
-// (factories.cpp).
+// view op is CompositeExplicitAutograd and reaches these. Also the storage-identity queries
+// is_set_to and _has_compatible_shallow_copy_type (whether `param.data = neuron_tensor` may swap
+// in place), which a copying fallback would answer wrongly. Not factories (factories.cpp).
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/is_set_to_native.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/view_as_real_native.h>
@@ -35,6 +36,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("unfold", TORCH_FN(at::native::unfold));
   m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
   m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+  m.impl("is_set_to", TORCH_FN(at::native::is_set_to));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }
 
