@@ -68,9 +68,9 @@ def time_loop(op: Callable[[], object], count: int, sync: Callable[[], None]) ->
     return (time.perf_counter() - start) / count
 
 
-def measure(case: Case, devices: list[torch.device], repeats: int) -> list[float]:
-    """Median seconds per op, one per device. Repeats alternate devices so background load on
-    the host is shared fairly between them."""
+def measure(case: Case, devices: list[torch.device], repeats: int):
+    """(median seconds per op, spread) per device; spread = (max - min) / median of the repeats.
+    Repeats alternate devices so background load on the host is shared fairly between them."""
     ops = [case.make(d) for d in devices]
     syncs = [torch.get_device_module(d).synchronize for d in devices]
     for op, sync in zip(ops, syncs):  # warm-up: allocator caches, lazy init, first dispatch
@@ -79,7 +79,8 @@ def measure(case: Case, devices: list[torch.device], repeats: int) -> list[float
     for _ in range(repeats):
         for i, (op, sync) in enumerate(zip(ops, syncs)):
             samples[i].append(time_loop(op, case.ops_per_repeat, sync))
-    return [statistics.median(v) for v in samples]
+    medians = [statistics.median(v) for v in samples]
+    return medians, [(max(v) - min(v)) / m for v, m in zip(samples, medians)]
 
 
 def to_value(case: Case, seconds_per_op: float) -> float:
@@ -100,22 +101,26 @@ def main(argv=None) -> None:
     devices = [torch.device("cpu"), dev]
     print(f"torch {torch.__version__} | {platform.machine()} | intra-op threads "
           f"{torch.get_num_threads()} | {args.repeats} repeats, median | baseline: cpu eager")
-    header = f"{'case':<30} {'cpu':>16} {dev.type:>16} {'ratio':>7} {'goal':>8}  result"
+    header = (f"{'case':<30} {'cpu':>16} {dev.type:>16} {'ratio':>7} {'goal':>8}  result"
+              f"  {'spread':>6}")
     print(header)
     print("-" * len(header))
     results = []
     for case in cases(args.scale):
-        cpu_s, dev_s = measure(case, devices, args.repeats)
+        (cpu_s, dev_s), spreads = measure(case, devices, args.repeats)
         cpu_v, dev_v = to_value(case, cpu_s), to_value(case, dev_s)
         ratio = dev_v / cpu_v
         ok = ratio <= case.goal if case.lower_is_better else ratio >= case.goal
         goal = f"{'<=' if case.lower_is_better else '>='}{case.goal:.2f}x"
         print(f"{case.name:<30} {cpu_v:>8.2f} {case.unit:<7} {dev_v:>8.2f} {case.unit:<7} "
-              f"{ratio:>6.2f}x {goal:>8}  {'PASS' if ok else 'MISS'}")
+              f"{ratio:>6.2f}x {goal:>8}  {'PASS' if ok else 'MISS'}  {max(spreads):>6.0%}")
         results.append({"case": case.name, "unit": case.unit, "cpu": cpu_v, "device": dev_v,
                         "ratio": ratio, "goal": goal, "pass": ok, "cpu_s_per_op": cpu_s,
-                        "device_s_per_op": dev_s, "ops_per_repeat": case.ops_per_repeat})
-    print(f"ratio = {dev.type} / cpu of the value shown (time: lower is better; throughput: higher).")
+                        "device_s_per_op": dev_s, "spread": spreads,
+                        "ops_per_repeat": case.ops_per_repeat})
+    print(f"ratio = {dev.type} / cpu of the value shown (time: lower is better; throughput: "
+          "higher).\nspread = (max - min) / median over the repeats, the worse of the two devices; "
+          "above ~20% the host is busy and the ratios are noisy.")
     if args.json:
         meta = {"torch": torch.__version__, "threads": torch.get_num_threads(),
                 "repeats": args.repeats, "device": str(dev)}
