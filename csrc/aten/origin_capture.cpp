@@ -31,6 +31,7 @@ struct PairHash {
 struct Table {
   std::mutex mu;
   std::unordered_map<const void*, bool> internal;  // code object -> inside torch/openneuron
+  // (code object, instruction offset) -> id; the line is computed only on a miss.
   std::unordered_map<std::pair<const void*, int>, uint32_t, PairHash> ids;
   std::vector<std::string> texts{""};  // id 0 = unknown
 };
@@ -74,11 +75,12 @@ bool code_is_internal(Table& t, PyCodeObject* code) {
   return internal;
 }
 
-uint32_t intern(Table& t, PyCodeObject* code, int line) {
-  auto key = std::make_pair(static_cast<const void*>(code), line);
+uint32_t intern(Table& t, PyFrameObject* frame, PyCodeObject* code) {
+  auto key = std::make_pair(static_cast<const void*>(code), PyFrame_GetLasti(frame));
   auto it = t.ids.find(key);
   if (it != t.ids.end()) return it->second;
   if (t.texts.size() >= kMaxOrigins) return 0;
+  const int line = PyFrame_GetLineNumber(frame);
   std::string file = utf8(code->co_filename);
   auto slash = file.find_last_of('/');
   if (slash != std::string::npos) file = file.substr(slash + 1);
@@ -102,7 +104,7 @@ uint32_t capture_locked() {
     for (int i = 0; i < kMaxFrames && frame; ++i) {
       PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
       bool internal = code_is_internal(t, code);
-      if (!internal) id = intern(t, code, PyFrame_GetLineNumber(frame));
+      if (!internal) id = intern(t, frame, code);
       Py_DECREF(code);
       if (!internal) break;
       PyFrameObject* back = PyFrame_GetBack(frame);  // new reference

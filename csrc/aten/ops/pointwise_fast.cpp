@@ -39,20 +39,23 @@ at::Tensor flat_cpu(const Flat& f, int64_t numel, c10::ScalarType dtype) {
 
 bool is_cpu_scalar(const at::Tensor& t) { return t.device().is_cpu() && t.dim() == 0; }
 
-// Whether (self, other) qualify; out dtype must equal self's.
-bool eligible(Binary kind, const at::Tensor& self, const at::Tensor& other) {
-  if (!self.device().is_privateuseone() || !self.is_contiguous() || self.is_conj() ||
-      self.is_neg())
+// Whether (self, other) qualify; out dtype must equal self's. Floating dtypes only: for bool
+// and integer tensors ATen rejects some argument combinations at dispatch (bool subtraction,
+// a float alpha), which must stay synchronous errors.
+bool eligible(const at::Tensor& self, const at::Tensor& other) {
+  if (!self.device().is_privateuseone() || !at::isFloatingType(self.scalar_type()) ||
+      !self.is_contiguous() || self.is_conj() || self.is_neg())
     return false;
-  if (kind == Binary::Div && !at::isFloatingType(self.scalar_type())) return false;
   if (is_cpu_scalar(other)) {
     if (other.is_conj() || other.is_neg()) return false;
-  } else if (other.device() != self.device() || !other.is_contiguous() ||
-             !other.sizes().equals(self.sizes()) || other.scalar_type() != self.scalar_type() ||
-             other.is_conj() || other.is_neg()) {
+    return at::result_type(self, other) == self.scalar_type();
+  }
+  if (other.device() != self.device() || !other.is_contiguous() ||
+      !other.sizes().equals(self.sizes()) || other.scalar_type() != self.scalar_type() ||
+      other.is_conj() || other.is_neg()) {
     return false;
   }
-  return at::result_type(self, other) == self.scalar_type();
+  return true;  // same dtype, same shape: no promotion
 }
 
 void enqueue(Binary kind, const char* name, const at::Tensor& out, const at::Tensor& self,
@@ -102,7 +105,7 @@ OpInfo& info_of(bool in_place) {
 
 template <Binary kKind>
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
-  if (!eligible(kKind, self, other)) {
+  if (!eligible(self, other)) {
     switch (kKind) {
       case Binary::Add: return at::compositeexplicitautogradnonfunctional::add(self, other, alpha);
       case Binary::Sub: return at::compositeexplicitautogradnonfunctional::sub(self, other, alpha);
@@ -122,7 +125,7 @@ at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const c10::Sc
 
 template <Binary kKind>
 at::Tensor& binary_(at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
-  if (!eligible(kKind, self, other)) {
+  if (!eligible(self, other)) {
     switch (kKind) {
       case Binary::Add: return at::compositeexplicitautogradnonfunctional::add_(self, other, alpha);
       case Binary::Sub: return at::compositeexplicitautogradnonfunctional::sub_(self, other, alpha);
