@@ -190,3 +190,26 @@ def test_binary_fast_path_matches_cpu(fn, case):
                   else x for x in args))
     assert actual.device.type == "neuron"
     torch.testing.assert_close(actual.cpu(), expected)
+
+
+def test_queued_op_uses_geometry_at_dispatch():
+    """A metadata change (t_, resize_) right after an op was enqueued does not affect it."""
+    x = torch.arange(12.0).reshape(3, 4)
+    n = x.to("neuron")
+    s = n.sum(0)
+    n.t_()
+    m = n.clone()
+    n.resize_(2)
+    torch.testing.assert_close(s.cpu(), x.sum(0))
+    torch.testing.assert_close(m.cpu(), x.t())
+
+
+def test_out_argument_is_resized_and_returned():
+    a = torch.randn(3, 4)
+    out = torch.empty(0, device="neuron")
+    res = torch.matmul(a.to("neuron"), a.t().to("neuron"), out=out)
+    assert res is out and out.shape == (3, 3)
+    torch.testing.assert_close(out.cpu(), a @ a.t())
+    idx_out = torch.empty(0, dtype=torch.long, device="neuron")
+    torch.nonzero(torch.tensor([0.0, 1.0, 2.0], device="neuron"), out=idx_out)
+    torch.testing.assert_close(idx_out.cpu(), torch.tensor([[1], [2]]))

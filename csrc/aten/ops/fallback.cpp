@@ -74,33 +74,39 @@ c10::Device check_devices(OpInfo& info, torch::jit::Stack& stack, size_t first) 
 
 // Work state: the CPU stack and everything that must outlive dispatch.
 struct Launch {
-  // A device tensor the kernel writes through a CPU view: checked after the kernel ran.
-  struct Written {
-    size_t slot;  // index in stack
+  // A device tensor whose CPU view is made on the executor thread, from the geometry captured
+  // at dispatch (the user may change the tensor's metadata before the work runs).
+  struct Deferred {
+    size_t slot;  // index in stack, or in copy_targets if target
     c10::Storage storage;
     TensorGeom geom;
+    bool target = false;   // a new result's destination
+    bool written = false;  // written by the kernel: checked afterwards (fix_output)
   };
   c10::OperatorHandle op;
   torch::jit::Stack stack;
   std::vector<c10::IValue> copy_targets;  // per return: where a new result goes (or None)
-  std::vector<Written> written;
-  StorageMap host{c10::DeviceType::CPU};  // keeps the device storages alive
+  std::vector<Deferred> deferred;
+  StorageMap host{c10::DeviceType::CPU};  // keeps the device storages of list args alive
   const char* name = "";
   explicit Launch(c10::OperatorHandle o) : op(std::move(o)) {}
 
   void run() {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    std::vector<at::Tensor> views;
-    views.reserve(written.size());
-    for (const auto& w : written) views.push_back(stack[w.slot].toTensor());
+    c10::SmallVector<std::pair<at::Tensor, const Deferred*>, 4> written;
+    for (const auto& d : deferred) {
+      at::Tensor view = host.view_of(d.storage, d.geom);
+      if (d.written) written.emplace_back(view, &d);
+      (d.target ? copy_targets[d.slot] : stack[d.slot]) = c10::IValue(std::move(view));
+    }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
-    for (size_t i = 0; i < written.size(); ++i) fix_output(views[i], written[i]);
+    for (const auto& [view, d] : written) fix_output(view, *d);
     for (size_t r = 0; r < copy_targets.size() && r < stack.size(); ++r)
       copy_result(copy_targets[r], stack[r]);
   }
 
   // A kernel that resized an output moved it to host memory: copy it home.
-  void fix_output(const at::Tensor& view, const Written& w) const {
+  void fix_output(const at::Tensor& view, const Deferred& w) const {
     if (view.storage().data() == w.storage.data() && view.sizes().equals(w.geom.sizes)) return;
     TORCH_CHECK(view.sizes().equals(w.geom.sizes), name, ": the CPU kernel produced an output of shape ",
                 view.sizes(), " but the meta kernel predicted ", c10::IntArrayRef(w.geom.sizes),
@@ -243,17 +249,26 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
   auto launch = std::make_shared<Launch>(op);
   launch->name = info.name;
   launch->stack.reserve(n + info.num_returns);
+  launch->deferred.reserve(n + info.num_returns);
   for (size_t i = 0; i < n; ++i) {
-    launch->stack.push_back(
-        host_arg(args[i], info.arg_kind[i], launch->host, philox ? &*philox : nullptr));
-    if (info.arg_is_write[i] && args[i].isTensor() && is_neuron(args[i].toTensor()))
-      launch->written.push_back({i, args[i].toTensor().storage(), geom_of(args[i].toTensor())});
+    if (args[i].isTensor() && is_neuron(args[i].toTensor())) {
+      const at::Tensor& t = args[i].toTensor();
+      launch->deferred.push_back({i, t.storage(), geom_of(t), false, info.arg_is_write[i]});
+      launch->stack.emplace_back();
+    } else {
+      launch->stack.push_back(
+          host_arg(args[i], info.arg_kind[i], launch->host, philox ? &*philox : nullptr));
+    }
   }
   for (size_t r = 0; r < returns.size(); ++r) {
-    const bool is_new = info.return_alias_arg[r] < 0;
-    c10::IValue h =
-        is_new ? host_arg(returns[r], ArgKind::Other, launch->host, nullptr) : c10::IValue();
-    launch->copy_targets.push_back(std::move(h));
+    launch->copy_targets.emplace_back();
+    if (info.return_alias_arg[r] >= 0) continue;
+    if (returns[r].isTensor()) {
+      const at::Tensor& t = returns[r].toTensor();
+      if (t.defined()) launch->deferred.push_back({r, t.storage(), geom_of(t), true, false});
+    } else {
+      launch->copy_targets[r] = host_arg(returns[r], ArgKind::Other, launch->host, nullptr);
+    }
   }
   runtime::Work work;
   work.name = info.name;

@@ -16,6 +16,8 @@ TensorGeom geom_of(const at::Tensor& t) {
   g.strides.assign(t.strides().begin(), t.strides().end());
   g.offset = t.storage_offset();
   g.dtype = t.scalar_type();
+  g.conj = t.is_conj();
+  g.neg = t.is_neg();
   return g;
 }
 
@@ -24,8 +26,10 @@ bool same_geom(const TensorGeom& g, const at::Tensor& t) {
          t.storage_offset() == g.offset && t.scalar_type() == g.dtype;
 }
 
-at::Tensor StorageMap::view_of(const at::Tensor& t) {
-  c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+at::Tensor StorageMap::view_of(const at::Tensor& t) { return view_of(t.storage(), geom_of(t)); }
+
+at::Tensor StorageMap::view_of(const c10::Storage& source, const TensorGeom& g) {
+  c10::StorageImpl* si = source.unsafeGetStorageImpl();
   c10::Storage* mapped = nullptr;
   for (auto& e : map_)
     if (e.source.unsafeGetStorageImpl() == si) mapped = &e.mapped;
@@ -39,22 +43,21 @@ at::Tensor StorageMap::view_of(const at::Tensor& t) {
     } else {
       void* data = const_cast<void*>(si->data_ptr().get());
       // NOTE: resizable with the CPU allocator: a CPU kernel that grows an output moves it to
-      // host memory; the caller copies such outputs back (fallback.cpp, Launch::fix_outputs).
+      // host memory; the caller copies such outputs back (fallback.cpp, Launch::fix_output).
       st = c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
                         c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)),
                         c10::GetCPUAllocator(), /*resizable=*/true);
     }
-    map_.push_back(Entry{t.storage(), std::move(st)});
+    map_.push_back(Entry{source, std::move(st)});
     mapped = &map_.back().mapped;
   }
   c10::DispatchKey key =
       target_ == c10::DeviceType::Meta ? c10::DispatchKey::Meta : c10::DispatchKey::CPU;
-  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(*mapped),
-                                                      c10::DispatchKeySet(key), t.dtype());
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(),
-                                                   t.storage_offset());
-  if (t.is_conj()) out._set_conj(true);
-  if (t.is_neg()) out._set_neg(true);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(*mapped), c10::DispatchKeySet(key), c10::scalarTypeToTypeMeta(g.dtype));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
+  if (g.conj) out._set_conj(true);
+  if (g.neg) out._set_neg(true);
   return out;
 }
 

@@ -18,6 +18,8 @@ struct TensorGeom {
   int64_t offset = 0;
   c10::ScalarType dtype = c10::ScalarType::Float;
   bool defined = false;
+  bool conj = false;
+  bool neg = false;
 };
 
 TensorGeom geom_of(const at::Tensor& t);
@@ -28,6 +30,8 @@ class StorageMap {
   explicit StorageMap(c10::DeviceType target) : target_(target) {}
   // A tensor of the target device type over t's storage, same sizes/strides/offset/dtype.
   at::Tensor view_of(const at::Tensor& t);
+  // The same for a storage and a geometry captured earlier.
+  at::Tensor view_of(const c10::Storage& storage, const TensorGeom& g);
   // The device storage a re-typed storage stands for; nullptr if `mapped` is none of ours.
   const c10::Storage* source_of(const c10::StorageImpl* mapped) const;
 

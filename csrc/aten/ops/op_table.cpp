@@ -126,7 +126,20 @@ OpInfo& create_locked(Table& t, const void* key, const std::string& name) {
 
 }  // namespace
 
+OpInfo& op_info_slow(const c10::OperatorHandle& op);
+
 OpInfo& op_info(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& s = op.schema();
+  // NOTE: infos live for the process, so a per-thread cache needs no invalidation.
+  thread_local std::unordered_map<const void*, OpInfo*> local;
+  auto hit = local.find(&s);
+  if (hit != local.end()) return *hit->second;
+  OpInfo& info = op_info_slow(op);
+  local.emplace(&s, &info);
+  return info;
+}
+
+OpInfo& op_info_slow(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& s = op.schema();
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
