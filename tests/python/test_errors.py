@@ -143,3 +143,26 @@ print("SUM", (x * x).sum().item())
 """, env={"OPENNEURON_FALLBACK": "error"})
     assert r.returncode == 0, r.stderr
     assert "SUM 14.0" in r.stdout
+
+
+def test_launch_blocking_raises_at_the_failing_call(run_py):
+    r = run_py("""
+import torch, openneuron
+x = torch.randn(4, device="neuron"); idx = torch.tensor([10], device="neuron")
+try:
+    torch.index_select(x, 0, idx)
+    print("NO ERROR AT CALL")
+except RuntimeError as e:
+    print("AT CALL:", e)
+print("OK", (x * 2).sum().item() == (x.cpu() * 2).sum().item())
+""", env={"NEURON_LAUNCH_BLOCKING": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "AT CALL:" in r.stdout and "aten::index_select" in r.stdout
+    assert "<string>:5" in r.stdout
+    assert "OK True" in r.stdout
+
+
+def test_sync_fallback_keeps_the_cpu_error_type(device):
+    x = torch.tensor([1.0, 2.0], device=device)
+    with pytest.raises(IndexError):
+        x[torch.tensor([True, False, True], device=device)]
