@@ -26,7 +26,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=128)
     p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=6e-3)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--log-every", type=int, default=10, help="steps between loss read-backs")
     p.add_argument("--prompt", default="One morning the ")
