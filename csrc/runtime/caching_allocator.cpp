@@ -20,6 +20,7 @@
 #include "config.h"
 #include "device.h"
 #include "errors.h"
+#include "stream_registry.h"
 
 namespace openneuron::runtime {
 namespace {
@@ -117,7 +118,7 @@ class DeviceCache {
     if (b == nullptr) b = new_segment(size, stream, small);
     if (b == nullptr) {
       ++stats_.num_alloc_retries;
-      release_cached();
+      release_cached(lk);
       b = new_segment(size, stream, small);
     }
     if (b == nullptr && !pending_.empty()) {
@@ -125,7 +126,7 @@ class DeviceCache {
       process_events();
       b = take_free(pool, stream, size);
       if (b == nullptr) {
-        release_cached();
+        release_cached(lk);
         b = new_segment(size, stream, small);
       }
     }
@@ -175,9 +176,9 @@ class DeviceCache {
   }
 
   void empty_cache() {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(mu_);
     process_events();
-    release_cached();
+    release_cached(lk);
   }
 
   DeviceStats stats() {
@@ -355,22 +356,34 @@ class DeviceCache {
   }
 
   // Frees every cached segment that is entirely unused.
-  void release_cached() {
+  // NOTE: a block is pooled as soon as its last tensor dies, while work already queued on its
+  // stream may still use it (stream-ordered reuse, as in CUDA). Before memory goes back to the
+  // HAL, the segments leave the pools (nobody can reuse them) and the device's queues drain
+  // (everything that could still touch them has run), unlocked so executors never wait on us.
+  void release_cached(std::unique_lock<std::mutex>& lk) {
+    std::vector<Block*> segments;
     for (BlockPool* pool : {&small_, &large_}) {
       for (auto it = pool->begin(); it != pool->end();) {
-        Block* b = *it;
-        if (b->is_split()) {
+        if ((*it)->is_split()) {
           ++it;
           continue;
         }
+        segments.push_back(*it);
         it = pool->erase(it);
-        segments_.erase(reinterpret_cast<uintptr_t>(b->ptr));
-        hal().mem_free(device_, b->ptr);
-        stat_update(stats_.segment, b->small, -1);
-        stat_update(stats_.reserved_bytes, b->small, -static_cast<int64_t>(b->size));
-        ++stats_.num_device_free;
-        delete b;
       }
+    }
+    if (segments.empty()) return;
+    ++stats_.num_sync_all_streams;
+    lk.unlock();
+    stream_drain_all(device_);
+    lk.lock();
+    for (Block* b : segments) {
+      segments_.erase(reinterpret_cast<uintptr_t>(b->ptr));
+      hal().mem_free(device_, b->ptr);
+      stat_update(stats_.segment, b->small, -1);
+      stat_update(stats_.reserved_bytes, b->small, -static_cast<int64_t>(b->size));
+      ++stats_.num_device_free;
+      delete b;
     }
   }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "device.h"
@@ -146,6 +147,14 @@ void stream_sync_all(DeviceIndex d) {
     }
   }
   if (first) std::rethrow_exception(first);
+}
+
+void stream_drain_all(DeviceIndex d) {
+  for (std::atomic<HalStream*>& slot : streams_of(d).hal) {
+    HalStream* s = slot.load(std::memory_order_acquire);
+    if (s == nullptr) continue;
+    while (!hal().stream_query(s)) std::this_thread::yield();
+  }
 }
 
 }  // namespace openneuron::runtime

@@ -9,5 +9,8 @@ namespace openneuron::runtime {
 // Synchronizes every HAL stream created so far on device d (all of them, even if one throws);
 // then throws the first AsyncError, if any.
 void stream_sync_all(DeviceIndex d);
+// Waits until every HAL stream created so far on device d has run its queued work; does not
+// raise or clear async errors (the allocator drains before returning memory to the HAL).
+void stream_drain_all(DeviceIndex d);
 
 }  // namespace openneuron::runtime

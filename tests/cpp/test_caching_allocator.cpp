@@ -3,6 +3,9 @@
 // coalesce, exact statistics, out-of-memory message and recovery, empty_cache, device_of.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "runtime/caching_allocator.h"
@@ -262,6 +265,32 @@ TEST(CachingAllocator, ConcurrentAllocFreeKeepsStatsConsistent) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(allocated(0), base);
+}
+
+// A block freed while queued work on its stream still uses it (stream-ordered free, as in
+// CUDA) goes back to the HAL only after that work has run.
+TEST(CachingAllocator, EmptyCacheWaitsForQueuedWork) {
+  const Stream s = stream_from_pool(1);
+  auto* p = static_cast<char*>(allocator_alloc(12 * kMiB, s));  // its own segment
+  Gate gate;
+  s.enqueue(gate.work());
+  std::atomic<bool> wrote{false};
+  s.enqueue(testing::make_work([p, &wrote] {
+    p[12 * kMiB - 1] = 1;  // a use-after-free here is what ASan would report
+    wrote = true;
+  }));
+  allocator_free(p);
+  std::atomic<bool> emptied{false};
+  std::thread t([&] {
+    allocator_empty_cache(1);
+    emptied = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(emptied.load());
+  gate.open();
+  t.join();
+  EXPECT_TRUE(wrote.load());
+  EXPECT_EQ(allocator_device_of(p), -1);
 }
 
 }  // namespace
