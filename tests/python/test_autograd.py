@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import openneuron  # noqa: F401
+import openneuron
 
 
 def _pair(*shapes, seed=0):
@@ -151,3 +151,21 @@ def test_gradient_accumulation_and_zero_grad():
     opt.step()
     opt.zero_grad(set_to_none=True)
     assert all(p.grad is None for p in model_n.parameters())
+
+
+def test_batch_norm_eval_matches_cpu_and_stays_async():
+    """Eval-mode batch norm returns empty save_mean/save_invstd (as CPU) on the async path."""
+    openneuron._C._ops_report_reset()
+    m = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        m.running_mean.uniform_()
+        m.running_var.uniform_(1, 2)
+    m.eval()
+    mn = torch.nn.BatchNorm2d(3)
+    mn.load_state_dict(m.state_dict())
+    mn.eval().to("neuron")
+    x = torch.randn(2, 3, 4, 4)
+    torch.testing.assert_close(mn(x.to("neuron")).cpu(), m(x))
+    paths = {(r[0], r[1]) for r in openneuron._C._ops_report()}
+    assert ("aten::native_batch_norm", "async") in paths
+    assert not any(p == "fallback" for _, p in paths)

@@ -295,11 +295,6 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
     sync_fallback(op, info, stack, device, info.no_async_reason.c_str(), false);
     return;
   }
-  if (info.sync_if_false_arg >= 0 && !(*stack)[first + info.sync_if_false_arg].toBool()) {
-    sync_fallback(op, info, stack, device, "in this mode its meta kernel sizes outputs differently",
-                  false);
-    return;
-  }
   if (!info.meta_ok.load(std::memory_order_relaxed)) {
     sync_fallback(op, info, stack, device, "its meta kernel is not implemented", false);
     return;
@@ -314,6 +309,18 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
     // The meta kernel refused these inputs (data-dependent, or stricter than the CPU kernel):
     // the CPU kernel decides, and raises the error users expect if the inputs are bad.
     sync_fallback(op, info, stack, device, "its meta kernel cannot size these inputs", true);
+    return;
+  }
+  if (info.training_arg >= 0 && !(*stack)[first + info.training_arg].toBool()) {
+    MetaResult eval = *meta;  // batch norm in eval mode: empty save_mean / save_invstd, as CPU
+    for (size_t r = 1; r < eval.returns.size(); ++r) {
+      for (auto& g : eval.returns[r]) {
+        g.sizes = {0};
+        g.strides = {1};
+        g.offset = 0;
+      }
+    }
+    run_async(op, info, stack, device, eval);
     return;
   }
   run_async(op, info, stack, device, *meta);

@@ -32,9 +32,9 @@ struct OpInfo {
   bool has_generator = false;
   bool index_op = false;          // CPU index tensors are moved to the device, as CUDA allows
   bool data_dependent = false;    // output shape depends on values: always synchronous
-  // Index of a bool arg that, when false, sends the call to the synchronous path (the op's meta
-  // kernel sizes outputs differently from its CPU kernel in that mode); -1 = none.
-  int sync_if_false_arg = -1;
+  // Batch norm: index of its `training` arg (-1 = not batch norm). In eval mode the CPU kernel
+  // returns empty save_mean/save_invstd where the meta kernel sizes them [C].
+  int training_arg = -1;
   std::atomic<bool> meta_ok{true};  // cleared when the meta kernel turns out to be missing
   std::string no_async_reason;      // why the op never takes the async path ("" = it may)
 
