@@ -125,8 +125,8 @@ def test_tensor_and_module_hooks():
             lin.bias.fill_(0.5)
         lin = lin.to(x.device)
         grads = []
-        x.register_hook(lambda g: grads.append(g.device.type) or g * 2)
-        lin.register_full_backward_hook(lambda m, gi, go: grads.append("module"))
+        x.register_hook(lambda g, grads=grads: grads.append(g.device.type) or g * 2)
+        lin.register_full_backward_hook(lambda m, gi, go, grads=grads: grads.append("module"))
         lin(x).pow(2).sum().backward()
         seen[tag] = (x.grad.cpu(), lin.weight.grad.cpu(), grads)
         assert lin.weight.grad.device == x.device

@@ -58,12 +58,12 @@ XFAILS = {
 TOLERANCES = {
     # 1-element normalized shapes: (x - mean) * rsqrt(var + eps) amplifies rounding noise of
     # x - mean (~1e-8) by 1/sqrt(eps).
-    "nn.functional.layer_norm": dict(atol=1e-3, rtol=1e-3),
-    "native_layer_norm": dict(atol=1e-3, rtol=1e-3),
+    "nn.functional.layer_norm": {"atol": 1e-3, "rtol": 1e-3},
+    "native_layer_norm": {"atol": 1e-3, "rtol": 1e-3},
     # neuron runs SDPA's math decomposition (no fused-kernel choice registered for it), CPU its
     # fused flash kernel: same math, different summation order.
-    "nn.functional.scaled_dot_product_attention": dict(atol=1e-4, rtol=1e-4),
-    "nn.functional.multi_head_attention_forward": dict(atol=1e-4, rtol=1e-4),
+    "nn.functional.scaled_dot_product_attention": {"atol": 1e-4, "rtol": 1e-4},
+    "nn.functional.multi_head_attention_forward": {"atol": 1e-4, "rtol": 1e-4},
 }
 
 
@@ -149,7 +149,7 @@ def test_compare_cpu(op):
             torch.neuron.synchronize()
             torch.testing.assert_close(tree_map(_to_cpu, actual), expected, equal_nan=True,
                                        check_device=False, **tol,
-                                       msg=lambda m: f"{name} sample {sample.summary()}: {m}")
+                                       msg=lambda m, s=sample: f"{name} sample {s.summary()}: {m}")
 
 
 _BINARY = [torch.add, torch.sub, torch.mul, torch.div]
