@@ -3,13 +3,14 @@
 // on the device, and one work item runs the CPU kernel on zero-copy host views. Synchronous
 // path (sync_fallback.cpp) for ops the async path cannot size. Native kernels: factories.cpp,
 // views.cpp, copy.cpp.
+#include "aten/ops/fallback.h"
+
 #include <ATen/core/op_registration/adaption.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include "aten/errors.h"
 #include "aten/generator.h"
-#include "aten/ops/fallback.h"
 #include "aten/ops/meta_cache.h"
 #include "aten/origin_capture.h"
 #include "runtime/device.h"
@@ -33,8 +34,7 @@ c10::Device check_devices(OpInfo& info, torch::jit::Stack& stack, size_t first) 
       has_cpu_index = true;
       return;
     }
-    c10::impl::check_and_update_common_device(common, t, info.name,
-                                              schema_args[i].name().c_str());
+    c10::impl::check_and_update_common_device(common, t, info.name, schema_args[i].name().c_str());
   };
   for (size_t i = 0; i < info.num_args; ++i) {
     const c10::IValue& v = stack[first + i];
@@ -108,8 +108,9 @@ struct Launch {
   // A kernel that resized an output moved it to host memory: copy it home.
   void fix_output(const at::Tensor& view, const Deferred& w) const {
     if (view.storage().data() == w.storage.data() && view.sizes().equals(w.geom.sizes)) return;
-    TORCH_CHECK(view.sizes().equals(w.geom.sizes), name, ": the CPU kernel produced an output of shape ",
-                view.sizes(), " but the meta kernel predicted ", c10::IntArrayRef(w.geom.sizes),
+    TORCH_CHECK(view.sizes().equals(w.geom.sizes), name,
+                ": the CPU kernel produced an output of shape ", view.sizes(),
+                " but the meta kernel predicted ", c10::IntArrayRef(w.geom.sizes),
                 "; please report this op (OPENNEURON_FALLBACK cannot help here).");
     host_view_fresh(w.storage, w.geom).copy_(view);
   }

@@ -65,9 +65,9 @@ at::Tensor host_view_fresh(const c10::Storage& storage, const TensorGeom& g) {
   void* data = const_cast<void*>(storage.data());
   c10::Storage st(c10::Storage::use_byte_size_t(), storage.nbytes(),
                   c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)), nullptr, false);
-  auto out = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(st), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      c10::scalarTypeToTypeMeta(g.dtype));
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(st),
+                                                      c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                      c10::scalarTypeToTypeMeta(g.dtype));
   out.unsafeGetTensorImpl()->set_sizes_and_strides(g.sizes, g.strides, g.offset);
   return out;
 }
@@ -84,8 +84,8 @@ at::Tensor device_empty(const TensorGeom& g, c10::Device device) {
   if (g.offset == 0) {
     return at::detail::empty_strided_generic(g.sizes, g.strides, alloc, ks, g.dtype);
   }
-  size_t nbytes = at::detail::computeStorageNbytes(g.sizes, g.strides,
-                                                   c10::elementSize(g.dtype), g.offset);
+  size_t nbytes =
+      at::detail::computeStorageNbytes(g.sizes, g.strides, c10::elementSize(g.dtype), g.offset);
   auto base = at::detail::empty_generic({static_cast<int64_t>(nbytes)}, alloc, ks,
                                         c10::ScalarType::Byte, std::nullopt);
   auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()), ks,
@@ -96,8 +96,8 @@ at::Tensor device_empty(const TensorGeom& g, c10::Device device) {
 
 void device_restride(const at::Tensor& t, const TensorGeom& g) {
   if (same_geom(g, t)) return;
-  size_t need = at::detail::computeStorageNbytes(g.sizes, g.strides, c10::elementSize(g.dtype),
-                                                 g.offset);
+  size_t need =
+      at::detail::computeStorageNbytes(g.sizes, g.strides, c10::elementSize(g.dtype), g.offset);
   if (need > t.storage().nbytes() || !t.sizes().equals(g.sizes)) {
     t.resize_(g.sizes);
   }

@@ -122,7 +122,8 @@ c10::SmallVector<TensorGeom, 1> geoms_of(const c10::IValue& v) {
   if (v.isTensor()) {
     out.push_back(geom_of(v.toTensor()));
   } else if (v.isList()) {
-    for (const auto& e : v.toListRef()) out.push_back(e.isTensor() ? geom_of(e.toTensor()) : TensorGeom{});
+    for (const auto& e : v.toListRef())
+      out.push_back(e.isTensor() ? geom_of(e.toTensor()) : TensorGeom{});
   } else {
     out.push_back(TensorGeom{});
   }
@@ -134,7 +135,8 @@ std::shared_ptr<const MetaResult> compute(const c10::OperatorHandle& op, OpInfo&
   StorageMap meta(c10::DeviceType::Meta);
   torch::jit::Stack stack;
   stack.reserve(args.size());
-  for (size_t i = 0; i < args.size(); ++i) stack.push_back(meta_arg(args[i], info.arg_kind[i], meta));
+  for (size_t i = 0; i < args.size(); ++i)
+    stack.push_back(meta_arg(args[i], info.arg_kind[i], meta));
   std::vector<std::pair<int, c10::IValue>> written;
   for (size_t i = 0; i < args.size(); ++i)
     if (info.arg_is_write[i]) written.emplace_back(static_cast<int>(i), stack[i]);

@@ -16,13 +16,22 @@ namespace {
 // Ops whose output shape (or a returned value) depends on tensor data: the async path cannot
 // size their outputs at dispatch, so they always run synchronously.
 bool is_data_dependent(std::string_view name, std::string_view overload) {
-  static const std::unordered_set<std::string_view> kNames = {
-      "aten::nonzero",          "aten::masked_select",       "aten::unique",
-      "aten::_unique",          "aten::_unique2",            "aten::unique_dim",
-      "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount",
-      "aten::histc",            "aten::_local_scalar_dense", "aten::item",
-      "aten::nonzero_numpy",    "aten::_assert_async",       "aten::_assert_async.msg",
-      "aten::_ragged_idx"};
+  static const std::unordered_set<std::string_view> kNames = {"aten::nonzero",
+                                                              "aten::masked_select",
+                                                              "aten::unique",
+                                                              "aten::_unique",
+                                                              "aten::_unique2",
+                                                              "aten::unique_dim",
+                                                              "aten::unique_consecutive",
+                                                              "aten::unique_dim_consecutive",
+                                                              "aten::bincount",
+                                                              "aten::histc",
+                                                              "aten::_local_scalar_dense",
+                                                              "aten::item",
+                                                              "aten::nonzero_numpy",
+                                                              "aten::_assert_async",
+                                                              "aten::_assert_async.msg",
+                                                              "aten::_ragged_idx"};
   if (kNames.count(name)) return true;
   return name == "aten::repeat_interleave" && overload.rfind("Tensor", 0) == 0;
 }

@@ -27,11 +27,11 @@ struct OpInfo {
   std::vector<int> return_alias_arg;
   std::vector<bool> return_is_write;
   bool has_write_args = false;
-  bool returns_tensors_only = true;  // every return is Tensor, Tensor? or Tensor[]
+  bool returns_tensors_only = true;    // every return is Tensor, Tensor? or Tensor[]
   bool returns_single_tensors = true;  // every return is a plain Tensor
   bool has_generator = false;
-  bool index_op = false;          // CPU index tensors are moved to the device, as CUDA allows
-  bool data_dependent = false;    // output shape depends on values: always synchronous
+  bool index_op = false;        // CPU index tensors are moved to the device, as CUDA allows
+  bool data_dependent = false;  // output shape depends on values: always synchronous
   // Batch norm: index of its `training` arg (-1 = not batch norm). In eval mode the CPU kernel
   // returns empty save_mean/save_invstd where the meta kernel sizes them [C].
   int training_arg = -1;

@@ -81,10 +81,18 @@ void enqueue(Binary kind, const char* name, const at::Tensor& out, const at::Ten
       at::Tensor self_c = flat_cpu(a, numel, dtype);
       at::Tensor other_c = b ? flat_cpu(*b, numel, dtype) : at::scalar_tensor(*scalar, dtype);
       switch (kind) {
-        case Binary::Add: at::add_out(out_c, self_c, other_c, alpha); break;
-        case Binary::Sub: at::sub_out(out_c, self_c, other_c, alpha); break;
-        case Binary::Mul: at::mul_out(out_c, self_c, other_c); break;
-        case Binary::Div: at::div_out(out_c, self_c, other_c); break;
+        case Binary::Add:
+          at::add_out(out_c, self_c, other_c, alpha);
+          break;
+        case Binary::Sub:
+          at::sub_out(out_c, self_c, other_c, alpha);
+          break;
+        case Binary::Mul:
+          at::mul_out(out_c, self_c, other_c);
+          break;
+        case Binary::Div:
+          at::div_out(out_c, self_c, other_c);
+          break;
       }
     } catch (const c10::Error& e) {
       throw std::runtime_error(e.what_without_backtrace());
@@ -107,10 +115,14 @@ template <Binary kKind>
 at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
   if (!eligible(self, other)) {
     switch (kKind) {
-      case Binary::Add: return at::compositeexplicitautogradnonfunctional::add(self, other, alpha);
-      case Binary::Sub: return at::compositeexplicitautogradnonfunctional::sub(self, other, alpha);
-      case Binary::Mul: return at::compositeexplicitautogradnonfunctional::mul(self, other);
-      case Binary::Div: return at::compositeexplicitautogradnonfunctional::div(self, other);
+      case Binary::Add:
+        return at::compositeexplicitautogradnonfunctional::add(self, other, alpha);
+      case Binary::Sub:
+        return at::compositeexplicitautogradnonfunctional::sub(self, other, alpha);
+      case Binary::Mul:
+        return at::compositeexplicitautogradnonfunctional::mul(self, other);
+      case Binary::Div:
+        return at::compositeexplicitautogradnonfunctional::div(self, other);
     }
   }
   OpInfo& info = info_of<kKind>(false);
@@ -127,10 +139,14 @@ template <Binary kKind>
 at::Tensor& binary_(at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
   if (!eligible(self, other)) {
     switch (kKind) {
-      case Binary::Add: return at::compositeexplicitautogradnonfunctional::add_(self, other, alpha);
-      case Binary::Sub: return at::compositeexplicitautogradnonfunctional::sub_(self, other, alpha);
-      case Binary::Mul: return at::compositeexplicitautogradnonfunctional::mul_(self, other);
-      case Binary::Div: return at::compositeexplicitautogradnonfunctional::div_(self, other);
+      case Binary::Add:
+        return at::compositeexplicitautogradnonfunctional::add_(self, other, alpha);
+      case Binary::Sub:
+        return at::compositeexplicitautogradnonfunctional::sub_(self, other, alpha);
+      case Binary::Mul:
+        return at::compositeexplicitautogradnonfunctional::mul_(self, other);
+      case Binary::Div:
+        return at::compositeexplicitautogradnonfunctional::div_(self, other);
     }
   }
   OpInfo& info = info_of<kKind>(true);

@@ -182,9 +182,9 @@ void sync_fallback(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stac
   for (size_t r = 0; r < run->stack.size(); ++r)
     stack->push_back(return_to_device(run->stack[r], *run, device));
 
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count();
   info.fallback_calls.fetch_add(1, std::memory_order_relaxed);
   info.fallback_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
 }
