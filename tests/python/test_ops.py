@@ -213,3 +213,22 @@ def test_out_argument_is_resized_and_returned():
     idx_out = torch.empty(0, dtype=torch.long, device="neuron")
     torch.nonzero(torch.tensor([0.0, 1.0, 2.0], device="neuron"), out=idx_out)
     torch.testing.assert_close(idx_out.cpu(), torch.tensor([[1], [2]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_fill_and_zero_fast_path_match_cpu(dtype):
+    """fill_/zero_ have native kernels for contiguous tensors; other layouts use the fallback."""
+    base = torch.arange(24).reshape(4, 6).to(dtype)
+    for value in (3, 2.5, True):
+        for view in (lambda t: t, lambda t: t[:, ::2], lambda t: t.t(), lambda t: t[1:3]):
+            c, n = base.clone(), base.to("neuron")
+            view(c).fill_(value)
+            view(n).fill_(value)
+            torch.testing.assert_close(n.cpu(), c)
+            view(c).zero_()
+            view(n).zero_()
+            torch.testing.assert_close(n.cpu(), c)
+    torch.testing.assert_close(torch.ones(3, 2, dtype=dtype, device="neuron").cpu(),
+                               torch.ones(3, 2, dtype=dtype))
+    torch.testing.assert_close(torch.full((5,), 7, dtype=dtype, device="neuron").cpu(),
+                               torch.full((5,), 7, dtype=dtype))

@@ -1,8 +1,8 @@
-// Native fast paths for the hottest small ops: add/sub/mul/div (Tensor overloads, functional
-// and in-place) when both operands are contiguous neuron tensors of the same shape (or the other
-// operand is a CPU scalar) and no type promotion changes the dtype. They skip the meta dispatch
-// and the boxed fallback; everything else goes to ATen's structured wrappers exactly as it would
-// without these kernels (and from there to the fallback, fallback.cpp).
+// Native fast paths for the hottest small ops: fill_/zero_ of contiguous tensors, and
+// add/sub/mul/div (Tensor overloads, functional and in-place) on contiguous floating tensors of
+// one shape (or with a CPU scalar) without type promotion. They skip the meta dispatch and the
+// boxed fallback; other cases take ATen's structured wrappers (then fallback.cpp) as they
+// would without these kernels.
 #include <ATen/ATen.h>
 #include <ATen/ops/add_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautogradnonfunctional_dispatch.h>
@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include "aten/errors.h"
+#include "aten/ops/fallback.h"
 #include "aten/ops/host_views.h"
 #include "aten/ops/op_table.h"
 #include "aten/origin_capture.h"
@@ -173,6 +174,52 @@ at::Tensor& sub_(at::Tensor& s, const at::Tensor& o, const c10::Scalar& a) {
 at::Tensor& mul_(at::Tensor& s, const at::Tensor& o) { return binary_<Binary::Mul>(s, o, 1); }
 at::Tensor& div_(at::Tensor& s, const at::Tensor& o) { return binary_<Binary::Div>(s, o, 1); }
 
+// fill_ / zero_ of a contiguous tensor: one flat fill in a work item; other layouts go to the
+// boxed fallback.
+at::Tensor& fill_impl(at::Tensor& self, const c10::Scalar& value, OpInfo& info,
+                      const c10::OperatorHandle& op, bool zero) {
+  if (!self.device().is_privateuseone() || !self.is_contiguous() || self.is_conj() ||
+      self.is_neg() || self.is_complex()) {
+    torch::jit::Stack stack{c10::IValue(self)};
+    if (!zero) stack.emplace_back(value);
+    neuron_fallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+    return self;
+  }
+  info.native_calls.fetch_add(1, std::memory_order_relaxed);
+  const int64_t numel = self.numel();
+  const c10::ScalarType dtype = self.scalar_type();
+  Flat flat{self.storage(), self.storage_offset()};
+  runtime::Work work;
+  work.name = info.name;
+  work.origin = origin_capture();
+  work.fn = [flat, numel, dtype, value] {
+    try {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      flat_cpu(flat, numel, dtype).fill_(value);
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
+    }
+  };
+  const c10::DeviceGuard guard(self.device());
+  with_torch_errors(
+      [&] { runtime::stream_current(self.device().index()).enqueue(std::move(work)); });
+  return self;
+}
+
+at::Tensor& fill_(at::Tensor& self, const c10::Scalar& value) {
+  static OpInfo& info = op_info("aten::fill_", "Scalar");
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::fill_", "Scalar");
+  return fill_impl(self, value, info, op, false);
+}
+
+at::Tensor& zero_(at::Tensor& self) {
+  static OpInfo& info = op_info("aten::zero_", "");
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::zero_", "");
+  return fill_impl(self, 0, info, op, true);
+}
+
 }  // namespace
 }  // namespace openneuron::aten
 
@@ -186,4 +233,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sub_.Tensor", TORCH_FN(ops::sub_));
   m.impl("mul_.Tensor", TORCH_FN(ops::mul_));
   m.impl("div_.Tensor", TORCH_FN(ops::div_));
+  m.impl("fill_.Scalar", TORCH_FN(ops::fill_));
+  m.impl("zero_", TORCH_FN(ops::zero_));
 }
