@@ -10,6 +10,8 @@
 #include <functional>
 #include <string>
 
+#include "work_fn.h"
+
 namespace openneuron::runtime {
 
 using DeviceIndex = int;
@@ -25,7 +27,7 @@ enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
 // A unit of work on a stream. On the software device it is a host callable run by the stream's
 // executor thread; on hardware it would be a loaded program.
 struct Work {
-  std::function<void()> fn;
+  WorkFn fn;
   const char* name = "";  // op name; must have static storage duration
   uint32_t origin = 0;    // id in the origin table (origin.h); 0 = unknown
   uint64_t seq = 0;       // per-device sequence number, set by the HAL at enqueue
