@@ -24,10 +24,9 @@ namespace {
 
 using runtime::CopyKind;
 
-// What a work item needs to rebuild a CPU view of a tensor; holding the storage keeps the
-// memory alive until the work has run.
+// What a work item needs to rebuild a CPU view of a tensor. It does not own the memory: as on
+// CUDA, stream order keeps a freed block's reuse after queued work (caching_allocator.h).
 struct HostView {
-  c10::Storage storage;
   void* data = nullptr;
   c10::SmallVector<int64_t, 5> sizes;
   c10::SmallVector<int64_t, 5> strides;
@@ -38,7 +37,6 @@ struct HostView {
 
 HostView host_view_of(const at::Tensor& t) {
   HostView v;
-  v.storage = t.storage();
   v.data = t.data_ptr();
   v.sizes.assign(t.sizes().begin(), t.sizes().end());
   v.strides.assign(t.strides().begin(), t.strides().end());

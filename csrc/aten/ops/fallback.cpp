@@ -78,7 +78,7 @@ struct Launch {
   // at dispatch (the user may change the tensor's metadata before the work runs).
   struct Deferred {
     size_t slot;  // index in stack, or in copy_targets if target
-    c10::Storage storage;
+    DeviceBuffer buffer;
     TensorGeom geom;
     bool target = false;   // a new result's destination
     bool written = false;  // written by the kernel: checked afterwards (fix_output)
@@ -87,7 +87,7 @@ struct Launch {
   torch::jit::Stack stack;
   std::vector<c10::IValue> copy_targets;  // per return: where a new result goes (or None)
   std::vector<Deferred> deferred;
-  StorageMap host{c10::DeviceType::CPU};  // keeps the device storages of list args alive
+  StorageMap host{c10::DeviceType::CPU, /*keep_sources=*/false};
   const char* name = "";
   explicit Launch(c10::OperatorHandle o) : op(std::move(o)) {}
 
@@ -95,7 +95,7 @@ struct Launch {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     c10::SmallVector<std::pair<at::Tensor, const Deferred*>, 4> written;
     for (const auto& d : deferred) {
-      at::Tensor view = host.view_of(d.storage, d.geom);
+      at::Tensor view = host.view_of(d.buffer, d.geom);
       if (d.written) written.emplace_back(view, &d);
       (d.target ? copy_targets[d.slot] : stack[d.slot]) = c10::IValue(std::move(view));
     }
@@ -107,12 +107,12 @@ struct Launch {
 
   // A kernel that resized an output moved it to host memory: copy it home.
   void fix_output(const at::Tensor& view, const Deferred& w) const {
-    if (view.storage().data() == w.storage.data() && view.sizes().equals(w.geom.sizes)) return;
+    if (view.storage().data() == w.buffer.data && view.sizes().equals(w.geom.sizes)) return;
     TORCH_CHECK(view.sizes().equals(w.geom.sizes), name,
                 ": the CPU kernel produced an output of shape ", view.sizes(),
                 " but the meta kernel predicted ", c10::IntArrayRef(w.geom.sizes),
                 "; please report this op (OPENNEURON_FALLBACK cannot help here).");
-    host_view_fresh(w.storage, w.geom).copy_(view);
+    host_view_fresh(w.buffer, w.geom).copy_(view);
   }
 
   static void copy_result(const c10::IValue& target, const c10::IValue& result) {
@@ -254,7 +254,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
   for (size_t i = 0; i < n; ++i) {
     if (args[i].isTensor() && is_neuron(args[i].toTensor())) {
       const at::Tensor& t = args[i].toTensor();
-      launch->deferred.push_back({i, t.storage(), geom_of(t), false, info.arg_is_write[i]});
+      launch->deferred.push_back({i, buffer_of(t), geom_of(t), false, info.arg_is_write[i]});
       launch->stack.emplace_back();
     } else {
       launch->stack.push_back(
@@ -266,7 +266,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
     if (info.return_alias_arg[r] >= 0) continue;
     if (returns[r].isTensor()) {
       const at::Tensor& t = returns[r].toTensor();
-      if (t.defined()) launch->deferred.push_back({r, t.storage(), geom_of(t), true, false});
+      if (t.defined()) launch->deferred.push_back({r, buffer_of(t), geom_of(t), true, false});
     } else {
       launch->copy_targets[r] = host_arg(returns[r], ArgKind::Other, launch->host, nullptr);
     }

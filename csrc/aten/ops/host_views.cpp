@@ -21,34 +21,50 @@ TensorGeom geom_of(const at::Tensor& t) {
   return g;
 }
 
+DeviceBuffer buffer_of(const at::Tensor& t) {
+  const c10::StorageImpl* si = t.storage().unsafeGetStorageImpl();
+  return DeviceBuffer{const_cast<void*>(si->data_ptr().get()), si->nbytes()};
+}
+
 bool same_geom(const TensorGeom& g, const at::Tensor& t) {
   return t.sizes().equals(g.sizes) && t.strides().equals(g.strides) &&
          t.storage_offset() == g.offset && t.scalar_type() == g.dtype;
 }
 
-at::Tensor StorageMap::view_of(const at::Tensor& t) { return view_of(t.storage(), geom_of(t)); }
+at::Tensor StorageMap::view_of(const at::Tensor& t) {
+  return view_of(buffer_of(t), geom_of(t), &t.storage());
+}
 
-at::Tensor StorageMap::view_of(const c10::Storage& source, const TensorGeom& g) {
-  c10::StorageImpl* si = source.unsafeGetStorageImpl();
+at::Tensor StorageMap::view_of(const DeviceBuffer& buffer, const TensorGeom& g) {
+  return view_of(buffer, g, nullptr);
+}
+
+at::Tensor StorageMap::view_of(const DeviceBuffer& buffer, const TensorGeom& g,
+                               const c10::Storage* source) {
   c10::Storage* mapped = nullptr;
-  for (auto& e : map_)
-    if (e.source.unsafeGetStorageImpl() == si) mapped = &e.mapped;
+  // NOTE: empty storages all have a null data pointer; each gets its own re-typed storage (a
+  // kernel may resize one empty output without touching another).
+  if (buffer.data != nullptr) {
+    for (auto& e : map_)
+      if (e.key == buffer.data) mapped = &e.mapped;
+  }
   if (!mapped) {
-    size_t nbytes = si->nbytes();
+    size_t nbytes = buffer.nbytes;
     c10::Storage st;
     if (target_ == c10::DeviceType::Meta) {
       st = c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
                         c10::DataPtr(nullptr, c10::Device(c10::DeviceType::Meta)),
                         c10::GetAllocator(c10::DeviceType::Meta), /*resizable=*/true);
     } else {
-      void* data = const_cast<void*>(si->data_ptr().get());
+      void* data = buffer.data;
       // NOTE: resizable with the CPU allocator: a CPU kernel that grows an output moves it to
       // host memory; the caller copies such outputs back (fallback.cpp, Launch::fix_output).
       st = c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
                         c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)),
                         c10::GetCPUAllocator(), /*resizable=*/true);
     }
-    map_.push_back(Entry{source, std::move(st)});
+    c10::Storage kept = keep_sources_ && source ? *source : c10::Storage();
+    map_.push_back(Entry{buffer.data, std::move(kept), std::move(st)});
     mapped = &map_.back().mapped;
   }
   c10::DispatchKey key =
@@ -61,10 +77,9 @@ at::Tensor StorageMap::view_of(const c10::Storage& source, const TensorGeom& g) 
   return out;
 }
 
-at::Tensor host_view_fresh(const c10::Storage& storage, const TensorGeom& g) {
-  void* data = const_cast<void*>(storage.data());
-  c10::Storage st(c10::Storage::use_byte_size_t(), storage.nbytes(),
-                  c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)), nullptr, false);
+at::Tensor host_view_fresh(const DeviceBuffer& buffer, const TensorGeom& g) {
+  c10::Storage st(c10::Storage::use_byte_size_t(), buffer.nbytes,
+                  c10::DataPtr(buffer.data, c10::Device(c10::DeviceType::CPU)), nullptr, false);
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(st),
                                                       c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                       c10::scalarTypeToTypeMeta(g.dtype));
@@ -74,7 +89,7 @@ at::Tensor host_view_fresh(const c10::Storage& storage, const TensorGeom& g) {
 
 const c10::Storage* StorageMap::source_of(const c10::StorageImpl* mapped) const {
   for (const auto& e : map_)
-    if (e.mapped.unsafeGetStorageImpl() == mapped) return &e.source;
+    if (e.mapped.unsafeGetStorageImpl() == mapped) return e.source ? &e.source : nullptr;
   return nullptr;
 }
 

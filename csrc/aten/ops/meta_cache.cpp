@@ -132,7 +132,7 @@ c10::SmallVector<TensorGeom, 1> geoms_of(const c10::IValue& v) {
 
 std::shared_ptr<const MetaResult> compute(const c10::OperatorHandle& op, OpInfo& info,
                                           c10::ArrayRef<c10::IValue> args) {
-  StorageMap meta(c10::DeviceType::Meta);
+  StorageMap meta(c10::DeviceType::Meta, /*keep_sources=*/false);
   torch::jit::Stack stack;
   stack.reserve(args.size());
   for (size_t i = 0; i < args.size(); ++i)

@@ -23,9 +23,9 @@ namespace {
 
 enum class Binary { Add, Sub, Mul, Div };
 
-// A contiguous operand seen as a flat range of its storage.
+// A contiguous operand seen as a flat range of its storage (not owned: host_views.h).
 struct Flat {
-  c10::Storage storage;
+  DeviceBuffer buffer;
   int64_t offset = 0;
 };
 
@@ -35,7 +35,7 @@ at::Tensor flat_cpu(const Flat& f, int64_t numel, c10::ScalarType dtype) {
   g.strides = {1};
   g.offset = f.offset;
   g.dtype = dtype;
-  return host_view_fresh(f.storage, g);
+  return host_view_fresh(f.buffer, g);
 }
 
 bool is_cpu_scalar(const at::Tensor& t) { return t.device().is_cpu() && t.dim() == 0; }
@@ -63,19 +63,21 @@ void enqueue(Binary kind, const char* name, const at::Tensor& out, const at::Ten
              const at::Tensor& other, const c10::Scalar& alpha) {
   const int64_t numel = self.numel();
   const c10::ScalarType dtype = self.scalar_type();
-  Flat o{out.storage(), out.storage_offset()};
-  Flat a{self.storage(), self.storage_offset()};
+  Flat o{buffer_of(out), out.storage_offset()};
+  Flat a{buffer_of(self), self.storage_offset()};
   std::optional<Flat> b;
   std::optional<c10::Scalar> scalar;
   if (is_cpu_scalar(other)) {
     scalar = other.item();
   } else {
-    b = Flat{other.storage(), other.storage_offset()};
+    b = Flat{buffer_of(other), other.storage_offset()};
   }
   runtime::Work work;
   work.name = name;
   work.origin = origin_capture();
-  work.fn = [kind, numel, dtype, o, a, b, scalar, alpha] {
+  // NOTE: alpha is copied into a non-const capture so the closure moves without throwing and
+  // fits WorkFn's inline buffer (a const member would be copied, and the copy may throw).
+  work.fn = [kind, numel, dtype, o, a, b, scalar, alpha = c10::Scalar(alpha)] {
     try {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       at::Tensor out_c = flat_cpu(o, numel, dtype);
@@ -188,7 +190,7 @@ at::Tensor& fill_impl(at::Tensor& self, const c10::Scalar& value, OpInfo& info,
   info.native_calls.fetch_add(1, std::memory_order_relaxed);
   const int64_t numel = self.numel();
   const c10::ScalarType dtype = self.scalar_type();
-  Flat flat{self.storage(), self.storage_offset()};
+  Flat flat{buffer_of(self), self.storage_offset()};
   runtime::Work work;
   work.name = info.name;
   work.origin = origin_capture();

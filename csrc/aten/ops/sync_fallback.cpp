@@ -72,7 +72,7 @@ struct WrittenArg {
 struct SyncRun {
   c10::OperatorHandle op;
   torch::jit::Stack stack;
-  StorageMap host{c10::DeviceType::CPU};
+  StorageMap host{c10::DeviceType::CPU, /*keep_sources=*/true};
   std::vector<WrittenArg> written;
   std::exception_ptr error;
   explicit SyncRun(c10::OperatorHandle o) : op(std::move(o)) {}
