@@ -69,20 +69,23 @@ def test_cpu_scalar_tensor_and_cpu_indices_are_allowed(device):
     torch.testing.assert_close(b.cpu(), torch.tensor([8.0, 1.0, 7.0, 3.0, 9.0]))
 
 
-def test_fallback_ops_are_counted(device):
+def test_fallback_and_sync_ops_are_counted(device):
     _C._ops_report_reset()
     x = torch.tensor([0.0, 1.0, 0.0, 2.0], device=device)
-    nz = torch.nonzero(x)
+    nz = torch.nonzero(x)  # a sync point by nature: its shape depends on values
     torch.testing.assert_close(nz.cpu(), torch.tensor([[1], [3]]))
     assert nz.device.type == "neuron"
+    lse = torch.logcumsumexp(x, 0)  # no meta kernel: the synchronous fallback
+    torch.testing.assert_close(lse.cpu(), torch.logcumsumexp(x.cpu(), 0))
     y = x + 1
     y.cpu()
-    rows = _C._ops_report()
-    fallback = [r for r in rows if r[0] == "aten::nonzero" and r[1] == "fallback"]
-    assert fallback and fallback[0][2] == 1 and fallback[0][3] > 0
-    assert any(r[1] in ("async", "native") and r[0].startswith("aten::add") for r in rows)
+    rows = {(r[0], r[1]): r for r in _C._ops_report()}
+    assert rows[("aten::nonzero", "sync")][2] == 1 and rows[("aten::nonzero", "sync")][3] > 0
+    assert rows[("aten::_logcumsumexp", "fallback")][2] == 1
+    assert ("aten::nonzero", "fallback") not in rows
+    assert any(p in ("async", "native") and op.startswith("aten::add") for op, p in rows)
     report = openneuron.ops_report(print_table=False)
-    assert ("aten::nonzero", "fallback") in {(r.op, r.path) for r in report}
+    assert ("aten::_logcumsumexp", "fallback") in {(r.op, r.path) for r in report}
     _C._ops_report_reset()
     assert not any(r[0] == "aten::nonzero" for r in _C._ops_report())
 
@@ -90,10 +93,11 @@ def test_fallback_ops_are_counted(device):
 def test_ops_report_prints_table(device, capsys):
     _C._ops_report_reset()
     torch.unique(torch.tensor([3.0, 1.0, 3.0], device=device))
+    torch.logcumsumexp(torch.tensor([3.0, 1.0], device=device), 0)
     rows = openneuron.ops_report()
     out = capsys.readouterr().out
-    assert "fallback" in out and "calls" in out
-    assert any(r.path == "fallback" and "unique" in r.op for r in rows)
+    assert "fallback" in out and "sync" in out and "calls" in out
+    assert any(r.path == "sync" and "unique" in r.op for r in rows)
 
 
 _FALLBACK_SCRIPT = """
@@ -102,10 +106,12 @@ import torch, openneuron
 x = torch.tensor([0.0, 1.0, 2.0], device="neuron")
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
+    print("NONZERO", torch.nonzero(x).cpu().flatten().tolist(), x[x > 0].tolist())
+    print(x)
     try:
-        a = torch.nonzero(x)
-        b = torch.nonzero(x)
-        print("RESULT", a.cpu().flatten().tolist(), b.device.type)
+        a = torch.logcumsumexp(x, 0)
+        b = torch.logcumsumexp(x, 0)
+        print("RESULT", [round(v, 4) for v in a.cpu().tolist()], b.device.type)
     except RuntimeError as e:
         print("ERROR", e)
 print("WARNINGS", sum("synchronous CPU fallback" in str(w.message) for w in caught))
@@ -115,22 +121,23 @@ print("WARNINGS", sum("synchronous CPU fallback" in str(w.message) for w in caug
 def test_fallback_warns_once_by_default(run_py):
     r = run_py(_FALLBACK_SCRIPT)
     assert r.returncode == 0, r.stderr
-    assert "RESULT [1, 2] neuron" in r.stdout
-    assert "WARNINGS 1" in r.stdout
+    assert "RESULT [0.0, 1.3133, 2.4076] neuron" in r.stdout
+    assert "WARNINGS 1" in r.stdout  # once, for logcumsumexp; sync points never warn
 
 
 def test_fallback_silent(run_py):
     r = run_py(_FALLBACK_SCRIPT, env={"OPENNEURON_FALLBACK": "silent"})
     assert r.returncode == 0, r.stderr
-    assert "RESULT [1, 2] neuron" in r.stdout
+    assert "RESULT [0.0, 1.3133, 2.4076] neuron" in r.stdout
     assert "WARNINGS 0" in r.stdout
 
 
 def test_fallback_error_mode_raises_clear_error(run_py):
     r = run_py(_FALLBACK_SCRIPT, env={"OPENNEURON_FALLBACK": "error"})
     assert r.returncode == 0, r.stderr
+    assert "NONZERO [1, 2] [1.0, 2.0]" in r.stdout  # sync points are not fallbacks
     line = next(l for l in r.stdout.splitlines() if l.startswith("ERROR"))
-    assert "aten::nonzero" in line
+    assert "aten::_logcumsumexp" in line
     assert "synchronous CPU fallback" in line
     assert "OPENNEURON_FALLBACK" in line
 

@@ -25,11 +25,13 @@ std::optional<PhiloxState> take_philox(const OpInfo& info, c10::ArrayRef<c10::IV
                                        c10::Device device, int64_t numel);
 
 // Runs op synchronously on CPU views of its device args (DESIGN §3 path 4): waits for the
-// current stream, runs the CPU kernel, moves new results to the device. Warns once per op,
-// or raises under OPENNEURON_FALLBACK=error. With defer_warning the warning/error check
-// waits until the CPU kernel succeeded (inputs the meta kernel rejected may just be bad).
+// current stream, runs the CPU kernel, moves new results to the device. An op without a usable
+// meta kernel is a fallback: warned once per op, or an error under OPENNEURON_FALLBACK=error.
+// Ops that are sync points by nature (info.sync_by_nature), and calls whose inputs the meta
+// kernel refused (data_dependent_inputs: masked indexing, or bad inputs the CPU kernel will
+// reject with the error users expect), are counted as "sync" and not warned about.
 void sync_fallback(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* stack,
-                   c10::Device device, const char* reason, bool defer_warning);
+                   c10::Device device, const char* reason, bool data_dependent_inputs);
 
 }  // namespace openneuron::aten
 

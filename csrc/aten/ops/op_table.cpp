@@ -110,6 +110,7 @@ void analyze(OpInfo& info, const c10::FunctionSchema& s, const c10::OperatorHand
   } else if (meta_disagrees(s.name())) {
     info.no_async_reason = "its meta kernel sizes outputs differently from its CPU kernel";
   }
+  info.sync_by_nature = info.data_dependent || !info.returns_tensors_only;
   info.training_arg = training_flag_arg(s);
 }
 

@@ -37,11 +37,16 @@ struct OpInfo {
   int training_arg = -1;
   std::atomic<bool> meta_ok{true};  // cleared when the meta kernel turns out to be missing
   std::string no_async_reason;      // why the op never takes the async path ("" = it may)
+  // Its results need the device's values on the host (data-dependent shapes, bool/int/float
+  // returns): a sync point by nature, as on CUDA, counted as "sync" and never warned about.
+  bool sync_by_nature = false;
 
   std::atomic<uint64_t> native_calls{0};
   std::atomic<uint64_t> async_calls{0};
   std::atomic<uint64_t> fallback_calls{0};
   std::atomic<uint64_t> fallback_ns{0};
+  std::atomic<uint64_t> sync_calls{0};
+  std::atomic<uint64_t> sync_ns{0};
   std::atomic<bool> warned{false};
 };
 

@@ -1,7 +1,9 @@
 // The synchronous CPU fallback (DESIGN §3 path 4) for ops the async path cannot size: waits for
 // the current stream, runs ATen's CPU kernel in a work item on CPU views of the device buffers
 // (written args on host copies, so out= args may be resized), then moves new results to the
-// device. Warned once per op and counted. The async path is fallback.cpp.
+// device. Ops without a usable meta kernel are warned once and counted as "fallback"; ops that
+// need values on the host by nature (nonzero, masked indexing, equal, ...) are sync points as
+// on CUDA: counted as "sync", never warned. The async path is fallback.cpp.
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
@@ -132,8 +134,9 @@ c10::IValue return_to_device(const c10::IValue& v, const SyncRun& run, c10::Devi
 }  // namespace
 
 void sync_fallback(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* stack,
-                   c10::Device device, const char* reason, bool defer_warning) {
-  if (!defer_warning) announce(info, reason);
+                   c10::Device device, const char* reason, bool data_dependent_inputs) {
+  const bool is_fallback = !info.sync_by_nature && !data_dependent_inputs;
+  if (is_fallback) announce(info, reason);
   const auto start = std::chrono::steady_clock::now();
   const size_t n = info.num_args;
   c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - n, n);
@@ -171,7 +174,6 @@ void sync_fallback(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stac
   with_torch_errors([&] { stream.enqueue(std::move(work)); });
   wait_stream(stream);
   if (run->error) std::rethrow_exception(run->error);
-  if (defer_warning) announce(info, reason);
 
   for (auto& w : run->written) {
     if (w.copied) continue;
@@ -185,8 +187,9 @@ void sync_fallback(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stac
   const auto ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count();
-  info.fallback_calls.fetch_add(1, std::memory_order_relaxed);
-  info.fallback_ns.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+  (is_fallback ? info.fallback_calls : info.sync_calls).fetch_add(1, std::memory_order_relaxed);
+  (is_fallback ? info.fallback_ns : info.sync_ns)
+      .fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
 }
 
 }  // namespace openneuron::aten
