@@ -173,10 +173,17 @@ uint64_t WorkQueue::await_work(uint64_t h) {
     if (stop_.load(std::memory_order_acquire)) return t;
     if (!spin_step(i, deadline)) break;
   }
-  sleeping_.store(true, std::memory_order_seq_cst);
   {
     std::unique_lock<std::mutex> lk(mu_);
+    // NOTE: the flag is set again before every wait, not once: a producer that cleared it for
+    // an earlier sleep may notify late (after this thread already woke, ran the work and went
+    // back to sleep); that wake-up finds no work, and without re-setting the flag the next push
+    // would see it cleared and never notify.
     work_cv_.wait(lk, [&] {
+      if (tail_.load(std::memory_order_seq_cst) != h || stop_.load(std::memory_order_seq_cst)) {
+        return true;
+      }
+      sleeping_.store(true, std::memory_order_seq_cst);
       return tail_.load(std::memory_order_seq_cst) != h || stop_.load(std::memory_order_seq_cst);
     });
   }

@@ -1,0 +1,61 @@
+// gtests for the stream engine (work_queue.h) under contention: several producers pushing and
+// waiting on one queue while its executor keeps falling asleep and waking. A lost wake-up shows
+// up as a hang, so a watchdog fails the test instead of letting it wait forever.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "runtime/work_queue.h"
+
+namespace openneuron::runtime {
+namespace {
+
+class NoErrors : public ErrorSink {
+ public:
+  void on_error(const Work&, const char*) noexcept override {}
+};
+
+TEST(WorkQueue, ProducersNeverLoseTheExecutorsWakeUp) {
+  NoErrors sink;
+  WorkQueue q(&sink, "test-queue");
+  std::atomic<int64_t> ran{0};
+  std::atomic<bool> finished{false};
+  constexpr int kThreads = 3;
+  constexpr int kRounds = 4000;
+  std::thread watchdog([&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!finished.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (!finished.load()) {
+      ADD_FAILURE() << "a wait never returned: lost wake-up (" << q.done() << " of "
+                    << q.pushed() << " items ran)";
+      std::_Exit(1);
+    }
+  });
+  std::vector<std::thread> producers;
+  for (int t = 0; t < kThreads; ++t) {
+    producers.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        Work w;
+        w.fn = [&ran] { ran.fetch_add(1, std::memory_order_relaxed); };
+        w.name = "tick";
+        const uint64_t ticket = q.push(std::move(w));
+        if ((i + t) % 3 == 0) q.wait(ticket);
+        // NOTE: pauses longer than the executor's spin make it sleep between pushes.
+        if (i % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    });
+  }
+  for (auto& p : producers) p.join();
+  q.wait(q.pushed());
+  finished = true;
+  watchdog.join();
+  EXPECT_EQ(ran.load(), int64_t{kThreads} * kRounds);
+}
+
+}  // namespace
+}  // namespace openneuron::runtime
