@@ -17,7 +17,7 @@ build: setup
 	@[ -f $(BUILD)/build.ninja ] || $(LOCKED) cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(abspath $(PY))
 	@$(LOCKED) cmake --build $(BUILD)
 
-test: test-cpp test-python
+test: test-cpp asan tsan test-python
 
 test-cpp: build
 	$(BUILD)/runtime_tests --gtest_brief=1
