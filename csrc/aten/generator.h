@@ -43,7 +43,6 @@ class NeuronGenerator : public c10::GeneratorImpl {
 // The default generator of device d (created on first use).
 const at::Generator& default_generator(c10::DeviceIndex d);
 // gen if given (checked to be a neuron generator), else device d's default.
-NeuronGenerator* generator_or_default(const std::optional<at::Generator>& gen,
-                                      c10::DeviceIndex d);
+NeuronGenerator* generator_or_default(const std::optional<at::Generator>& gen, c10::DeviceIndex d);
 
 }  // namespace openneuron::aten

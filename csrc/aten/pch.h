@@ -2,7 +2,11 @@
 // includes torch outside csrc/aten.
 #pragma once
 
+// NOTE: Python.h must come first (it sets feature macros); include sorting would move it.
+// clang-format off
 #include <Python.h>
+// clang-format on
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Allocator.h>

@@ -24,20 +24,20 @@ enum StatIndex { kStatAggregate = 0, kStatSmallPool = 1, kStatLargePool = 2 };
 using StatArray = std::array<Stat, 3>;
 
 struct DeviceStats {
-  StatArray allocation;            // blocks handed out
-  StatArray segment;               // segments from Hal::mem_alloc
-  StatArray active;                // blocks allocated or awaiting stream uses
-  StatArray inactive_split;        // free blocks inside partially used segments
+  StatArray allocation;      // blocks handed out
+  StatArray segment;         // segments from Hal::mem_alloc
+  StatArray active;          // blocks allocated or awaiting stream uses
+  StatArray inactive_split;  // free blocks inside partially used segments
   StatArray allocated_bytes;
   StatArray reserved_bytes;
   StatArray active_bytes;
   StatArray inactive_split_bytes;
-  StatArray requested_bytes;       // bytes asked for, before rounding
-  int64_t num_alloc_retries = 0;   // allocations that had to release the cache and retry
+  StatArray requested_bytes;      // bytes asked for, before rounding
+  int64_t num_alloc_retries = 0;  // allocations that had to release the cache and retry
   int64_t num_ooms = 0;
   int64_t num_sync_all_streams = 0;
-  int64_t num_device_alloc = 0;    // Hal::mem_alloc calls
-  int64_t num_device_free = 0;     // Hal::mem_free calls
+  int64_t num_device_alloc = 0;  // Hal::mem_alloc calls
+  int64_t num_device_free = 0;   // Hal::mem_free calls
   Stat oversize_allocations;
   Stat oversize_segments;
   int64_t max_split_size = -1;

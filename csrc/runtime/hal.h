@@ -17,7 +17,7 @@ namespace openneuron::runtime {
 using DeviceIndex = int;
 
 struct DeviceProps {
-  std::string name;          // e.g. "NeuronCore-v3 (software)"
+  std::string name;           // e.g. "NeuronCore-v3 (software)"
   uint64_t total_memory = 0;  // capacity in bytes
   int cores = 0;              // host cores backing the device's compute
 };
@@ -55,8 +55,7 @@ class Hal {
 
   // Copies bytes, ordered after earlier work on s; returns at once (asynchronous). The caller
   // keeps src and dst valid until the copy has run (e.g. by recording an event).
-  virtual void memcpy(void* dst, const void* src, size_t bytes, CopyKind kind,
-                      HalStream* s) = 0;
+  virtual void memcpy(void* dst, const void* src, size_t bytes, CopyKind kind, HalStream* s) = 0;
 
   // In-order work queues. priority: 0 = normal, negative = higher (as in CUDA).
   virtual HalStream* stream_create(DeviceIndex d, int priority) = 0;

@@ -55,13 +55,12 @@ class WorkFn {
     void (*destroy)(void* buf) noexcept;
   };
   template <class D>
-  static constexpr Ops kInlineOps = {
-      [](void* b) { (*static_cast<D*>(b))(); },
-      [](void* from, void* to) noexcept {
-        new (to) D(std::move(*static_cast<D*>(from)));
-        static_cast<D*>(from)->~D();
-      },
-      [](void* b) noexcept { static_cast<D*>(b)->~D(); }};
+  static constexpr Ops kInlineOps = {[](void* b) { (*static_cast<D*>(b))(); },
+                                     [](void* from, void* to) noexcept {
+                                       new (to) D(std::move(*static_cast<D*>(from)));
+                                       static_cast<D*>(from)->~D();
+                                     },
+                                     [](void* b) noexcept { static_cast<D*>(b)->~D(); }};
   template <class D>
   static constexpr Ops kHeapOps = {
       [](void* b) { (**static_cast<D**>(b))(); },

@@ -31,8 +31,8 @@ TEST(WorkQueue, ProducersNeverLoseTheExecutorsWakeUp) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     if (!finished.load()) {
-      ADD_FAILURE() << "a wait never returned: lost wake-up (" << q.done() << " of "
-                    << q.pushed() << " items ran)";
+      ADD_FAILURE() << "a wait never returned: lost wake-up (" << q.done() << " of " << q.pushed()
+                    << " items ran)";
       std::_Exit(1);
     }
   });
