@@ -25,7 +25,10 @@ struct DeviceProps {
 enum class CopyKind { HostToDevice, DeviceToHost, DeviceToDevice };
 
 // A unit of work on a stream. On the software device it is a host callable run by the stream's
-// executor thread; on hardware it would be a loaded program.
+// executor thread; on hardware it would be a loaded program. The callable may be destroyed
+// well after it ran (when its queue slot is reused), so it must not own device memory or
+// anything whose release a sync point should observe: device buffers are kept valid by stream
+// order instead (caching_allocator.h).
 struct Work {
   WorkFn fn;
   const char* name = "";  // op name; must have static storage duration

@@ -150,9 +150,10 @@ void WorkQueue::run() {
     for (; h != t; ++h) {
       Work& w = slots_[h & (kCapacity - 1)];
       execute(w);
-      // NOTE: captured state (tensors, buffers) is released before the item counts as done,
-      // so a sync point sees every resource of finished work returned.
-      w.fn = nullptr;
+      // NOTE: the callable is not destroyed here but by the producer that next reuses the
+      // slot (push): what a closure holds was allocated on the producer's thread, and freeing
+      // it here contended on the malloc arena's lock with every op. Hence Work's contract
+      // (hal.h): closures own no device memory and nothing a sync point must see released.
       head_.store(h + 1, std::memory_order_seq_cst);
       if (wake_at_.load(std::memory_order_seq_cst) <= h + 1) {
         {

@@ -103,6 +103,9 @@ struct Launch {
     for (const auto& [view, d] : written) fix_output(view, *d);
     for (size_t r = 0; r < copy_targets.size() && r < stack.size(); ++r)
       copy_result(copy_targets[r], stack[r]);
+    // The closure may outlive this run (hal.h): drop host results and views now.
+    stack.clear();
+    copy_targets.clear();
   }
 
   // A kernel that resized an output moved it to host memory: copy it home.

@@ -170,7 +170,9 @@ void sync_fallback(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stac
   wait_stream(stream);
   runtime::Work work;
   work.name = info.name;
-  work.fn = [run] { run->run(); };
+  // NOTE: a raw pointer: this function waits for the work, and the closure may outlive it
+  // (hal.h), so it must not keep run's device tensors alive.
+  work.fn = [r = run.get()] { r->run(); };
   with_torch_errors([&] { stream.enqueue(std::move(work)); });
   wait_stream(stream);
   if (run->error) std::rethrow_exception(run->error);
