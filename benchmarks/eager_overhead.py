@@ -1,6 +1,7 @@
 """Eager-mode cost of the neuron device against CPU eager, measured in the same process and run.
 
-Three cases, each printed as a ratio with its goal: per-op host overhead (100-element add),
+Four cases, each printed as a ratio with its goal: per-op host overhead (100-element add, which
+has a native kernel, and 100-element relu, which takes the generic asynchronous ATen path),
 memory-bound throughput (4M-element add) and compute-bound throughput (1024x1024 matmul).
 Not a test: nothing here asserts on timing (`make bench` runs it; tests live in tests/python).
 `--device cpu` compares CPU with itself: the ratios then show the host's noise floor.
@@ -36,6 +37,11 @@ def small_add(device: torch.device):
     return lambda: a + b
 
 
+def small_relu(device: torch.device):
+    a = torch.rand(100, device=device)
+    return lambda: torch.relu(a)
+
+
 def big_add(device: torch.device):
     n = 4 * 1024 * 1024
     a, b = torch.rand(n, device=device), torch.rand(n, device=device)
@@ -51,6 +57,8 @@ def cases(scale_ops: float) -> list[Case]:
     n = lambda k: max(1, int(k * scale_ops))
     return [
         Case("small op: add, 100 elements", "us/op", True, 1.5, n(20_000), small_add, 0, 1e-6),
+        Case("small op: relu, 100 (generic)", "us/op", True, 1.5, n(20_000), small_relu, 0,
+             1e-6),
         Case("throughput: add, 4M float32", "Gelem/s", False, 0.95, n(50), big_add,
              4 * 1024 * 1024, 1e9),
         Case("throughput: matmul 1024x1024", "GFLOP/s", False, 0.95, n(20), matmul,
