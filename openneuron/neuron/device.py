@@ -2,6 +2,7 @@
 # properties, mirroring torch.cuda. Streams are in streams.py, memory in memory.py, RNG in
 # random.py. All device work goes through the extension openneuron._C (csrc/aten/device.cpp).
 import os
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -38,6 +39,23 @@ _queued_calls: list[tuple[Callable[[], None], list[str]]] = []
 _lazy_seed_tracker = _LazySeedTracker()
 
 
+def _set_initialized(value: bool) -> None:
+    """Set the initialized flag here and as torch.neuron._initialized.
+
+    NOTE: torch.utils.checkpoint reads `torch.<device>._initialized` (torch.cuda has it) to
+    decide whether to save and restore the device RNG state; without it a checkpointed dropout
+    recomputes with different masks.
+    """
+    global _initialized
+    _initialized = value
+    package = sys.modules.get(__package__ or "")
+    if package is not None:
+        package._initialized = value  # type: ignore[attr-defined]
+
+
+_set_initialized(False)
+
+
 def _is_in_bad_fork() -> bool:
     """True in a child process forked after the neuron runtime was initialized in the parent.
 
@@ -47,10 +65,10 @@ def _is_in_bad_fork() -> bool:
 
 
 def _after_fork_in_child() -> None:
-    global _initialized, _in_bad_fork
+    global _in_bad_fork
     if _initialized:
         _in_bad_fork = True
-        _initialized = False
+        _set_initialized(False)
 
 
 if hasattr(os, "register_at_fork"):
@@ -99,7 +117,7 @@ def _lazy_init() -> None:
 
     Also called by torch itself (torch::utils::device_lazy_init) before the first neuron tensor.
     """
-    global _initialized, _lazy_seed_tracker
+    global _lazy_seed_tracker
     if is_initialized() or getattr(_tls, "is_initializing", False):
         return
     with _init_lock:
@@ -127,7 +145,7 @@ def _lazy_init() -> None:
             _lazy_seed_tracker = _LazySeedTracker()
         finally:
             _tls.is_initializing = False
-        _initialized = True
+        _set_initialized(True)
 
 
 def _check_index(idx: int) -> int:
