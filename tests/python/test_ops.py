@@ -1,8 +1,10 @@
-# PyTorch's OpInfo database (op_db) run on "cpu" and "neuron" in float32 and compared, modeled
-# on test/test_ops.py TestCommon.test_compare_cpu: samples are generated on CPU, moved to neuron,
-# and results moved back are compared with assert_close. Every known failure is a strict xfail
-# with its reason; ops whose results are random or uninitialized are excluded (see EXCLUDED).
-# The number of passing ops is printed in the terminal summary.
+# PyTorch's OpInfo database (op_db) run on "cpu" and "neuron" and compared for float32, bfloat16,
+# float16, int64 and bool (every dtype CPU supports for the op), modeled on test/test_ops.py
+# TestCommon.test_compare_cpu: samples are generated on CPU, moved to neuron, and results moved
+# back are compared with assert_close. Every known failure is a strict xfail with its reason; ops
+# whose results are random or uninitialized are excluded (see EXCLUDED). The pass count per dtype
+# is printed in the terminal summary. Also: the add/sub/mul/div and fill_ fast-path cases.
+import itertools
 import os
 import warnings
 
@@ -13,8 +15,9 @@ from torch.utils._pytree import tree_map
 
 import openneuron  # noqa: F401  (registers the device)
 
-# Samples per op: all of them by default (the whole file takes ~35-75 s on 2 cores, well inside
-# its 8-minute budget); OPENNEURON_OPINFO_SAMPLES=N caps it for a quicker run.
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool)
+# Samples per (op, dtype): all of them by default (the whole file takes ~2.5 min on 2 cores,
+# inside its 4-minute budget); OPENNEURON_OPINFO_SAMPLES=N caps it for a quicker run.
 MAX_SAMPLES = int(os.environ.get("OPENNEURON_OPINFO_SAMPLES", "0")) or None
 
 _RANDOM = "result is random: neuron draws from its own Philox-seeded generator, CPU from " \
@@ -66,18 +69,66 @@ TOLERANCES = {
     "nn.functional.multi_head_attention_forward": {"atol": 1e-4, "rtol": 1e-4},
 }
 
+# bfloat16/float16: as test/test_ops.py test_compare_cpu (atol=rtol=1e-3), loosened for bfloat16
+# to about two units in the last place (8 significant bits: 1 ulp is 2^-7 relative), where a
+# different summation order or a float32 intermediate on one side moves the result by an ulp.
+# An op's own TOLERANCES entry, if looser, wins. Integers and bool compare exactly.
+DTYPE_TOLERANCES = {
+    torch.bfloat16: {"atol": 1e-2, "rtol": 1.6e-2},
+    torch.float16: {"atol": 1e-3, "rtol": 1e-3},
+}
+
+# Failures of one op in one dtype, keyed (op, dtype); (op, "low") covers bfloat16 and float16.
+_SCALAR_ROUNDING = (
+    "neuron bug: the native mul/div fast path rounds a float scalar operand to float16/bfloat16 "
+    "before the op, CPU computes in float32 and rounds once; e.g. x * 0.1 on a half tensor is "
+    "1 ulp off in ~35% of elements, enough to move this op's result past the tolerance")
+_NORM_STATS_DTYPE = (
+    "neuron bug: native_batch_norm on bfloat16/float16 input returns float32 save_mean and "
+    "save_invstd (the meta kernel's dtype, as on CUDA) where CPU returns the input dtype")
+_NORM_DECOMPOSITION = (
+    "on neuron PyTorch runs this norm as its generic decomposition through native_batch_norm in "
+    "the low-precision dtype (CPU: a fused kernel accumulating in float32), so results differ by "
+    "a few ulp after normalization; the float32 stats-dtype bug above adds to it")
+DTYPE_XFAILS = {
+    **dict.fromkeys([("addr", "low"), ("nn.functional.poisson_nll_loss", torch.float16),
+                     ("nn.functional.linear_cross_entropy.chunked_none", torch.float16)],
+                    _SCALAR_ROUNDING),
+    **dict.fromkeys([(op, "low") for op in ("native_batch_norm", "_native_batch_norm_legit",
+                                             "_batch_norm_with_update", "native_layer_norm")],
+                    _NORM_STATS_DTYPE),
+    **dict.fromkeys([("native_group_norm", "low"), ("nn.functional.group_norm", "low"),
+                     ("nn.functional.layer_norm", torch.float16)], _NORM_DECOMPOSITION),
+}
+
 
 def _full_name(op) -> str:
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
 
 
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _xfail_reason(name, dtype):
+    if name in XFAILS:
+        return XFAILS[name]
+    return DTYPE_XFAILS.get((name, dtype)) or (
+        DTYPE_XFAILS.get((name, "low")) if dtype in (torch.bfloat16, torch.float16) else None)
+
+
 def _params():
     for op in op_db:
         name = _full_name(op)
-        if name in EXCLUDED or not op.supports_dtype(torch.float32, "cpu"):
+        if name in EXCLUDED:
             continue
-        marks = [pytest.mark.xfail(strict=True, reason=XFAILS[name])] if name in XFAILS else []
-        yield pytest.param(op, id=name, marks=marks)
+        supported = op.supported_dtypes("cpu")
+        for dtype in DTYPES:
+            if dtype not in supported:
+                continue
+            reason = _xfail_reason(name, dtype)
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            yield pytest.param(op, dtype, id=f"{name}-{_dtype_name(dtype)}", marks=marks)
 
 
 def _to_neuron(x):
@@ -97,25 +148,43 @@ def _is_random_sample(name, sample) -> bool:
 
 
 class _Summary:
-    """Counts this file's op results and prints them in pytest's terminal summary."""
+    """Counts this file's (op, dtype) results and prints them in pytest's terminal summary."""
 
     def __init__(self):
-        self.counts = {"passed": 0, "xfailed": 0, "failed": 0}
+        self.counts = {}
 
     def pytest_runtest_logreport(self, report):
         if "test_ops.py::test_compare_cpu" not in report.nodeid or report.when != "call":
             return
+        dtype = report.nodeid.rsplit("-", 1)[-1].rstrip("]")
+        c = self.counts.setdefault(dtype, {"passed": 0, "xfailed": 0, "failed": 0})
         if hasattr(report, "wasxfail"):
-            self.counts["xfailed" if report.skipped else "failed"] += 1
-        elif report.outcome in self.counts:
-            self.counts[report.outcome] += 1
+            c["xfailed" if report.skipped else "failed"] += 1
+        elif report.outcome in c:
+            c[report.outcome] += 1
 
     def pytest_terminal_summary(self, terminalreporter):
-        c = self.counts
+        if not self.counts:
+            return
         terminalreporter.write_line(
-            f"OpInfo compare cpu vs neuron (float32, {MAX_SAMPLES or 'all'} samples per op): "
-            f"{c['passed']} ops pass, {c['xfailed']} xfail, {c['failed']} fail; "
-            f"{len(EXCLUDED)} excluded (random or uninitialized results)")
+            f"OpInfo compare cpu vs neuron ({MAX_SAMPLES or 'all'} samples per op and dtype; "
+            f"{len(EXCLUDED)} ops excluded: random or uninitialized results):")
+        total = {"passed": 0, "xfailed": 0, "failed": 0}
+        for dtype in [_dtype_name(d) for d in DTYPES]:
+            if dtype not in self.counts:
+                continue
+            c = self.counts[dtype]
+            for k in total:
+                total[k] += c[k]
+            terminalreporter.write_line(f"  {self._line(dtype, c)}")
+        terminalreporter.write_line(f"  {self._line('total', total)}")
+
+    @staticmethod
+    def _line(label, c):
+        ran = sum(c.values())
+        pct = 100.0 * c["passed"] / ran if ran else 0.0
+        return (f"{label:<9} {c['passed']}/{ran} (op, dtype) pairs pass ({pct:.1f}%), "
+                f"{c['xfailed']} xfail, {c['failed']} fail")
 
 
 _summary = _Summary()
@@ -128,15 +197,21 @@ def _register_summary(request):
     yield
 
 
-@pytest.mark.parametrize("op", list(_params()))
-def test_compare_cpu(op):
+def _samples(op, name, dtype):
+    samples = op.sample_inputs("cpu", dtype)
+    samples = (s for s in samples if not _is_random_sample(name, s))
+    return itertools.islice(samples, MAX_SAMPLES)
+
+
+@pytest.mark.parametrize("op,dtype", list(_params()))
+def test_compare_cpu(op, dtype):
     name = _full_name(op)
-    tol = TOLERANCES.get(name, {})
+    op_tol, dtype_tol = TOLERANCES.get(name, {}), DTYPE_TOLERANCES.get(dtype, {})
+    tol = {k: max(op_tol.get(k, 0.0), dtype_tol.get(k, 0.0)) for k in {*op_tol, *dtype_tol}}
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        samples = [s for s in op.sample_inputs("cpu", torch.float32) if not _is_random_sample(name, s)]
-        for sample in samples[:MAX_SAMPLES]:
+        for sample in _samples(op, name, dtype):
             neuron_sample = sample.transform(_to_neuron)
             kwargs = dict(neuron_sample.kwargs)
             if kwargs.get("device") in ("cpu", torch.device("cpu")):
