@@ -1,18 +1,26 @@
 // The PrivateUse1 c10::DeviceAllocator: hands out blocks of the runtime caching allocator on
 // the current device and stream, maps its statistics to c10's DeviceStats (so the
-// torch.accelerator.memory_* calls work), and binds _memory_snapshot / _host_memory_stats.
-// Never takes the GIL. Pinned host memory is host_allocator.cpp.
+// torch.accelerator.memory_* calls work), records allocation stacks while memory history is on
+// (origin_capture.h keeps them; the runtime only holds each block's id), writes the
+// OPENNEURON_OOM_SNAPSHOT file on out-of-memory, and binds _memory_snapshot, _record_memory_history
+// and _host_memory_stats. Takes the GIL only for those two (history on, or an out-of-memory
+// error). Pinned host memory is host_allocator.cpp.
 #include "aten/allocator.h"
 
+#include <Python.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "aten/bindings.h"
 #include "aten/device.h"
 #include "aten/errors.h"
+#include "aten/origin_capture.h"
 #include "aten/streams.h"
 #include "runtime/caching_allocator.h"
 #include "runtime/host_allocator.h"
@@ -23,9 +31,51 @@ namespace {
 namespace py = pybind11;
 using C10Stats = c10::CachingDeviceAllocator::DeviceStats;
 
+// NOTE: the only per-allocation cost of memory history when it is off: one relaxed load.
+std::atomic<bool> g_record_history{false};
+
+const std::string& oom_snapshot_path() {
+  static const std::string path = [] {
+    const char* v = std::getenv("OPENNEURON_OOM_SNAPSHOT");
+    return std::string(v ? v : "");
+  }();
+  return path;
+}
+
+// Writes the OOM snapshot (Python: openneuron.neuron.memory._dump_oom_snapshot) and returns the
+// sentence to append to the error. Only on a Python thread: an executor thread must never wait
+// for the GIL (the thread holding it may be waiting for that executor).
+std::string oom_snapshot_write(int device, size_t bytes) {
+  const std::string& path = oom_snapshot_path();
+  if (path.empty() || !Py_IsInitialized()) return "";
+  if (!PyGILState_Check() && PyGILState_GetThisThreadState() == nullptr) return "";
+  py::gil_scoped_acquire gil;
+  try {
+    py::module_::import("openneuron.neuron.memory").attr("_dump_oom_snapshot")(path, device, bytes);
+    return " Memory snapshot written to " + path +
+           " (open it at https://pytorch.org/memory_viz or with torch.cuda._memory_viz).";
+  } catch (py::error_already_set& e) {
+    return " Writing the memory snapshot to " + path + " failed: " + e.what();
+  }
+}
+
+void* allocate_block(size_t bytes, int device) {
+  const uint64_t context = g_record_history.load(std::memory_order_relaxed) ? stack_capture() : 0;
+  try {
+    return runtime::allocator_alloc(bytes, runtime::stream_current(device), context);
+  } catch (const runtime::OutOfMemoryError& e) {
+    stack_release(context);
+    const std::string message = e.what() + oom_snapshot_write(device, bytes);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+  } catch (const runtime::Error& e) {
+    stack_release(context);
+    TORCH_CHECK(false, e.what());
+  }
+}
+
 void delete_block(void* ptr) {
   try {
-    runtime::allocator_free(ptr);
+    stack_release(runtime::allocator_free(ptr));
   } catch (...) {
     // NOTE: a deleter runs inside destructors and must not throw; allocator_free only throws
     // for a foreign pointer, which would be a bug caught by the runtime's own tests.
@@ -46,9 +96,8 @@ void copy_stats(c10::CachingAllocator::StatArray& to, const runtime::StatArray& 
 class NeuronAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t bytes) override {
-    int device = runtime::device_current();
-    void* ptr = with_torch_errors(
-        [&] { return runtime::allocator_alloc(bytes, runtime::stream_current(device)); });
+    const int device = with_torch_errors([] { return runtime::device_current(); });
+    void* ptr = allocate_block(bytes, device);
     return {ptr, ptr, &delete_block, neuron_device(device)};
   }
 
@@ -138,6 +187,18 @@ py::list memory_snapshot(int device) {
       block["requested_size"] = b.requested_size;
       block["allocated"] = b.allocated;
       block["active"] = b.active;
+      block["state"] = b.allocated ? "active_allocated"
+                       : b.active  ? "active_pending_free"
+                                   : "inactive";
+      py::list frames;
+      for (const StackFrame& f : stack_frames(b.context)) {
+        py::dict frame;
+        frame["filename"] = f.filename;
+        frame["line"] = f.line;
+        frame["name"] = f.name;
+        frames.append(frame);
+      }
+      block["frames"] = frames;
       blocks.append(block);
     }
     py::dict d;
@@ -151,6 +212,11 @@ py::list memory_snapshot(int device) {
     out.append(d);
   }
   return out;
+}
+
+void record_memory_history(bool enabled, size_t max_entries, bool clear) {
+  stack_configure(max_entries, clear);
+  g_record_history.store(enabled, std::memory_order_relaxed);
 }
 
 py::dict host_memory_stats() {
@@ -198,7 +264,16 @@ void storage_resize_bytes(const c10::Storage& storage, size_t new_bytes) {
 void bind_memory(py::module_& m) {
   m.def("_memory_snapshot", &memory_snapshot, py::arg("device") = -1,
         "Segments and blocks of device's caching allocator (-1: every device).");
+  m.def("_record_memory_history", &record_memory_history, py::arg("enabled"),
+        py::arg("max_entries"), py::arg("clear"),
+        "Turns allocation-stack recording on or off; at most max_entries distinct live stacks.");
+  m.def(
+      "_memory_history_enabled", [] { return g_record_history.load(std::memory_order_relaxed); },
+      "Whether allocation stacks are being recorded.");
+  m.def("_memory_history_entries", &stack_entries, "Live interned allocation stacks.");
   m.def("_host_memory_stats", &host_memory_stats, "Pinned host memory statistics.");
+  // NOTE: an OOM snapshot without allocation stacks would not say who holds the memory.
+  if (!oom_snapshot_path().empty()) g_record_history.store(true, std::memory_order_relaxed);
 }
 
 }  // namespace openneuron::aten

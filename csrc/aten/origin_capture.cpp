@@ -1,16 +1,21 @@
 // Origin capture for asynchronous error reports. The id table is bounded; each entry keeps its
 // code object alive (so ids stay unambiguous) and its text pre-formatted, so the resolver never
-// needs the GIL. Neighbours: runtime/origin.h (the id -> text hook), ops/fallback.cpp (caller).
+// needs the GIL. Allocation stacks (stack_*) are interned the same way, reference-counted by the
+// blocks that hold them. Neighbours: runtime/origin.h (the id -> text hook), ops/fallback.cpp and
+// allocator.cpp (callers).
 #include "aten/origin_capture.h"
 
 #include <Python.h>
 #include <frameobject.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "runtime/origin.h"
@@ -116,6 +121,132 @@ uint32_t capture_locked() {
   return id;
 }
 
+// Allocation stacks. NOTE: a key is the (code object, instruction offset) of each frame; every
+// code object in a key is pinned (one reference, at most kMaxPinnedCodes of them) so a key can
+// never match a different, later code object at the same address.
+constexpr int kMaxStackFrames = 64;
+constexpr size_t kMaxPinnedCodes = 1 << 16;
+using StackKey = std::vector<std::pair<const void*, int>>;
+
+struct StackKeyHash {
+  size_t operator()(const StackKey& k) const noexcept {
+    size_t h = k.size();
+    for (const auto& [code, lasti] : k) h = h * 1000003 ^ PairHash()({code, lasti});
+    return h;
+  }
+};
+
+struct StackEntry {
+  StackKey key;
+  std::vector<StackFrame> frames;
+  uint32_t refs = 0;
+};
+
+struct StackTable {
+  std::mutex mu;
+  std::unordered_map<StackKey, uint32_t, StackKeyHash> slots;  // key -> index in entries
+  std::vector<StackEntry> entries;
+  std::vector<uint32_t> free_slots;
+  std::unordered_set<const void*> pinned;  // code objects holding one reference
+  uint32_t generation = 1;
+  size_t max_entries = SIZE_MAX;
+};
+
+StackTable& stack_table() {
+  static StackTable* t = new StackTable();  // NOTE: leaked on purpose; blocks die at exit
+  return *t;
+}
+
+uint64_t stack_id(uint32_t generation, uint32_t slot) {
+  return (static_cast<uint64_t>(generation) << 32) | (static_cast<uint64_t>(slot) + 1);
+}
+
+// The live entry behind id, or nullptr. Caller holds t.mu.
+StackEntry* stack_entry(StackTable& t, uint64_t id) {
+  const auto slot = static_cast<uint32_t>(id & 0xFFFFFFFFu);
+  if (slot == 0 || (id >> 32) != t.generation || slot > t.entries.size()) return nullptr;
+  StackEntry& e = t.entries[slot - 1];
+  return e.refs > 0 ? &e : nullptr;
+}
+
+// Caller holds the GIL and t.mu; frames are new references, innermost first.
+uint64_t stack_intern(StackTable& t, const std::vector<PyFrameObject*>& frames) {
+  StackKey key;
+  key.reserve(frames.size());
+  std::vector<PyCodeObject*> codes;
+  for (PyFrameObject* f : frames) {
+    codes.push_back(PyFrame_GetCode(f));  // new reference
+    key.emplace_back(codes.back(), PyFrame_GetLasti(f));
+  }
+  uint64_t id = 0;
+  auto it = t.slots.find(key);
+  if (it != t.slots.end()) {
+    ++t.entries[it->second].refs;
+    id = stack_id(t.generation, it->second);
+  } else if (t.slots.size() < t.max_entries) {
+    bool pinnable = true;
+    for (PyCodeObject* c : codes) {
+      if (!t.pinned.count(c) && t.pinned.size() >= kMaxPinnedCodes) pinnable = false;
+    }
+    if (pinnable) {
+      StackEntry e;
+      for (size_t i = 0; i < frames.size(); ++i) {
+        if (t.pinned.insert(codes[i]).second) Py_INCREF(codes[i]);
+        e.frames.push_back({utf8(codes[i]->co_filename), PyFrame_GetLineNumber(frames[i]),
+                            utf8(codes[i]->co_name)});
+      }
+      e.key = key;
+      e.refs = 1;
+      uint32_t slot;
+      if (!t.free_slots.empty()) {
+        slot = t.free_slots.back();
+        t.free_slots.pop_back();
+        t.entries[slot] = std::move(e);
+      } else {
+        slot = static_cast<uint32_t>(t.entries.size());
+        t.entries.push_back(std::move(e));
+      }
+      t.slots.emplace(std::move(key), slot);
+      id = stack_id(t.generation, slot);
+    }
+  }
+  for (PyCodeObject* c : codes) Py_DECREF(c);
+  return id;
+}
+
+// Caller holds the GIL.
+uint64_t stack_capture_locked() {
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  if (!frame) return 0;
+  Py_INCREF(frame);
+  std::vector<PyFrameObject*> frames;
+  while (frame && static_cast<int>(frames.size()) < kMaxStackFrames) {
+    frames.push_back(frame);
+    frame = PyFrame_GetBack(frame);  // new reference
+  }
+  Py_XDECREF(frame);
+  StackTable& t = stack_table();
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    id = stack_intern(t, frames);
+  }
+  for (PyFrameObject* f : frames) Py_DECREF(f);
+  return id;
+}
+
+// Runs f with the GIL held when this is a Python thread; 0 otherwise.
+template <class F>
+uint64_t with_gil(F f) {
+  if (!Py_IsInitialized()) return 0;
+  if (PyGILState_Check()) return f();
+  if (PyGILState_GetThisThreadState() == nullptr) return 0;
+  PyGILState_STATE st = PyGILState_Ensure();
+  uint64_t r = f();
+  PyGILState_Release(st);
+  return r;
+}
+
 }  // namespace
 
 uint32_t origin_capture() {
@@ -139,6 +270,43 @@ void origin_install() {
       return id < t.texts.size() ? t.texts[id] : std::string();
     });
   });
+}
+
+uint64_t stack_capture() { return with_gil(stack_capture_locked); }
+
+void stack_release(uint64_t id) {
+  if (id == 0) return;
+  StackTable& t = stack_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  StackEntry* e = stack_entry(t, id);
+  if (e == nullptr || --e->refs > 0) return;
+  t.slots.erase(e->key);
+  *e = StackEntry();
+  t.free_slots.push_back(static_cast<uint32_t>((id & 0xFFFFFFFFu) - 1));
+}
+
+std::vector<StackFrame> stack_frames(uint64_t id) {
+  StackTable& t = stack_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  const StackEntry* e = stack_entry(t, id);
+  return e ? e->frames : std::vector<StackFrame>();
+}
+
+void stack_configure(size_t max_entries, bool clear) {
+  StackTable& t = stack_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.max_entries = max_entries;
+  if (!clear) return;
+  ++t.generation;
+  t.slots.clear();
+  t.entries.clear();
+  t.free_slots.clear();
+}
+
+size_t stack_entries() {
+  StackTable& t = stack_table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return t.slots.size();
 }
 
 }  // namespace openneuron::aten

@@ -51,6 +51,7 @@ struct Block {
   int64_t stream = 0;  // Stream::id on `device`
   size_t size = 0;
   size_t requested = 0;
+  uint64_t context = 0;  // the caller's id while allocated (allocator_alloc)
   char* ptr = nullptr;
   bool small = false;
   bool allocated = false;
@@ -103,7 +104,7 @@ class DeviceCache {
  public:
   explicit DeviceCache(DeviceIndex d) : device_(d) {}
 
-  Block* malloc(size_t bytes, int64_t stream) {
+  Block* malloc(size_t bytes, int64_t stream, uint64_t context) {
     std::unique_lock<std::mutex> lk(mu_);
     if (bytes > kMaxRequest) {
       ++stats_.num_ooms;
@@ -135,23 +136,27 @@ class DeviceCache {
       throw OutOfMemoryError(oom_message(bytes));
     }
     use_block(b, size, bytes);
+    b->context = context;
     return b;
   }
 
   // Takes back an allocated block: to its pool at once, or once its recorded streams have
   // reached this point.
-  void free(Block* b) {
+  // Returns the block's context id.
+  uint64_t free(Block* b) {
     std::vector<Stream> uses;
     std::vector<HalEvent*> events;
+    uint64_t context = 0;
     {
       std::lock_guard<std::mutex> lk(mu_);
       b->allocated = false;
+      context = std::exchange(b->context, 0);
       stat_update(stats_.allocation, b->small, -1);
       stat_update(stats_.allocated_bytes, b->small, -static_cast<int64_t>(b->size));
       stat_update(stats_.requested_bytes, b->small, -static_cast<int64_t>(b->requested));
       if (b->stream_uses.empty()) {
         free_block(b);
-        return;
+        return context;
       }
       uses.swap(b->stream_uses);
       b->event_count = static_cast<int>(uses.size());
@@ -165,6 +170,7 @@ class DeviceCache {
     for (size_t i = 0; i < uses.size(); ++i) {
       pending_[{uses[i].device(), uses[i].id()}].emplace_back(events[i], b);
     }
+    return context;
   }
 
   void record_stream(Block* b, const Stream& s) {
@@ -214,6 +220,7 @@ class DeviceCache {
         bi.requested_size = b->allocated ? b->requested : 0;
         bi.allocated = b->allocated;
         bi.active = b->allocated || b->event_count > 0;
+        bi.context = b->allocated ? b->context : 0;
         seg.total_size += b->size;
         if (b->allocated) seg.allocated_size += b->size;
         seg.blocks.push_back(bi);
@@ -494,17 +501,17 @@ void for_devices(DeviceIndex d, F f) {
 
 }  // namespace
 
-void* allocator_alloc(size_t bytes, const Stream& stream) {
+void* allocator_alloc(size_t bytes, const Stream& stream, uint64_t context) {
   if (bytes == 0) return nullptr;
-  Block* b = cache(stream.device()).malloc(bytes, stream.id());
+  Block* b = cache(stream.device()).malloc(bytes, stream.id(), context);
   Shard& s = shard_of(b->ptr);
   std::lock_guard<std::mutex> lk(s.mu);
   s.blocks.emplace(b->ptr, b);
   return b->ptr;
 }
 
-void allocator_free(void* ptr) {
-  if (ptr == nullptr) return;
+uint64_t allocator_free(void* ptr) {
+  if (ptr == nullptr) return 0;
   Block* b = nullptr;
   {
     Shard& s = shard_of(ptr);
@@ -520,7 +527,7 @@ void allocator_free(void* ptr) {
         "allocator_free: pointer was not returned by the neuron caching allocator or was "
         "already freed");
   }
-  cache(b->device).free(b);
+  return cache(b->device).free(b);
 }
 
 void allocator_record_stream(void* ptr, const Stream& s) {

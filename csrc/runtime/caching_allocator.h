@@ -48,7 +48,8 @@ struct BlockInfo {
   uint64_t size = 0;
   uint64_t requested_size = 0;
   bool allocated = false;
-  bool active = false;  // allocated, or freed but awaiting recorded streams
+  bool active = false;   // allocated, or freed but awaiting recorded streams
+  uint64_t context = 0;  // the caller's opaque context id (allocator_alloc), 0 when not allocated
 };
 struct SegmentInfo {
   DeviceIndex device = 0;
@@ -65,9 +66,13 @@ struct SegmentInfo {
 // allocate 512.0 MiB (in use 7.6 GiB of 8.0 GiB capacity, 1.1 GiB cached). Free tensors, call
 // torch.neuron.empty_cache(), or raise OPENNEURON_DEVICE_MEMORY.") after releasing the cache
 // and retrying once; the allocator stays usable after it.
-void* allocator_alloc(size_t bytes, const Stream& stream);
-// ptr from allocator_alloc (nullptr is ignored). Any thread.
-void allocator_free(void* ptr);
+// context (optional) is an opaque id the caller attaches to the block (e.g. the allocation's
+// stack, kept by the caller): reported in BlockInfo while the block is allocated and handed back
+// by allocator_free. The allocator never interprets it.
+void* allocator_alloc(size_t bytes, const Stream& stream, uint64_t context = 0);
+// ptr from allocator_alloc (nullptr is ignored). Any thread. Returns the block's context id
+// (0 for nullptr or none), so the caller can release what the id stands for.
+uint64_t allocator_free(void* ptr);
 // Marks that work on s uses the block containing ptr: it is not reused until s reaches the
 // point where the block is freed.
 void allocator_record_stream(void* ptr, const Stream& s);

@@ -1,6 +1,13 @@
 # torch.neuron memory management, mirroring torch.cuda.memory. Statistics come from the caching
 # allocator through torch's generic DeviceAllocator path (torch.accelerator.memory_*); device
 # info, snapshots and host (pinned) statistics from openneuron._C (csrc/aten/allocator.cpp).
+# Allocation stacks are interned in csrc/aten/origin_capture.cpp; snapshots pickle in the format
+# of torch.cuda.memory._snapshot(), so torch.cuda._memory_viz and pytorch.org/memory_viz read them.
+import os
+import pickle
+import sys
+import time
+import traceback
 from collections import OrderedDict
 from typing import Any
 
@@ -86,14 +93,108 @@ def mem_get_info(device=None) -> tuple[int, int]:
     return tuple(_C._mem_get_info(_index(device)))
 
 
+def _segment(seg: dict[str, Any]) -> dict[str, Any]:
+    # The keys torch.cuda.memory._snapshot() gives a segment, next to ours (is_large).
+    blocks = seg["blocks"]
+    seg["segment_type"] = "large" if seg["is_large"] else "small"
+    seg["active_size"] = sum(b["size"] for b in blocks if b["active"])
+    seg["requested_size"] = sum(b["requested_size"] for b in blocks if b["allocated"])
+    seg["segment_pool_id"] = (0, 0)
+    seg["is_expandable"] = False
+    seg["frames"] = []
+    return seg
+
+
 def memory_snapshot() -> list[dict[str, Any]]:
     """The allocator's segments on every neuron device, as torch.cuda.memory_snapshot.
 
-    Each segment: device, address, total_size, allocated_size, stream, is_large, blocks.
+    Each segment: device, address, total_size, allocated_size, active_size, requested_size,
+    stream, is_large, segment_type, blocks. Each block: address, size, requested_size, state
+    ("active_allocated", "active_pending_free", "inactive"), allocated, active, and frames
+    (the allocation's Python stack, innermost first, while _record_memory_history is on).
     """
     if not is_initialized():
         return []
-    return [seg for d in range(device_count()) for seg in _C._memory_snapshot(d)]
+    return [_segment(seg) for d in range(device_count()) for seg in _C._memory_snapshot(d)]
+
+
+def _record_memory_history(
+    enabled: str | bool | None = "all",
+    context: str | None = "all",
+    stacks: str = "all",
+    max_entries: int = sys.maxsize,
+    device=None,
+    clear_history: bool = False,
+) -> None:
+    """Record the Python stack of every neuron allocation, as torch.cuda.memory's.
+
+    enabled: "all" or "state" (or True) turns recording on, None (or False) off. Recording
+    applies to every neuron device (device is accepted for compatibility). Stacks of live
+    blocks are kept, deduplicated, until the blocks are freed; max_entries caps how many
+    distinct stacks are kept at once (later allocations then get no frames). clear_history
+    forgets every recorded stack. context and stacks are accepted for compatibility: the stack
+    of the allocation is always the Python one. Costs one stack walk per allocation while on;
+    nothing but a flag check while off.
+    """
+    if enabled not in ("all", "state", True, None, False):
+        raise ValueError(f'enabled must be "all", "state" or None, not {enabled!r}')
+    if max_entries <= 0:
+        raise ValueError(f"max_entries must be positive, not {max_entries}")
+    del context, stacks, device
+    on = enabled not in (None, False)
+    _C._record_memory_history(on, min(max_entries, 2**63 - 1), clear_history)
+
+
+def _snapshot(device=None) -> dict[str, Any]:
+    """The allocator's state in the format of torch.cuda.memory._snapshot().
+
+    {"segments": memory_snapshot() (of one device when device is given), "device_traces": one
+    (empty) list per device, "allocator_settings": {}}. Blocks allocated while
+    _record_memory_history was on carry "frames": [{"filename", "line", "name"}, ...].
+    """
+    segments = memory_snapshot()
+    if device is not None:
+        idx = _index(device)
+        segments = [s for s in segments if s["device"] == idx]
+    return {
+        "segments": segments,
+        "device_traces": [[] for _ in range(device_count())],
+        "allocator_settings": {},
+    }
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickle _snapshot() to filename, readable by torch.cuda._memory_viz and
+    https://pytorch.org/memory_viz."""
+    with open(filename, "wb") as f:
+        pickle.dump(_snapshot(), f)
+
+
+def _dump_oom_snapshot(filename: str, device: int, size: int) -> None:
+    # Called by the allocator (csrc/aten/allocator.cpp) on out-of-memory when
+    # OPENNEURON_OOM_SNAPSHOT is set, before torch.OutOfMemoryError propagates. The failed
+    # request is an "oom" trace entry, with the stack that asked for it.
+    snapshot = _snapshot()
+    free, _ = mem_get_info(device)
+    frames = [
+        {"filename": f.filename, "line": f.lineno or 0, "name": f.name}
+        for f in reversed(traceback.extract_stack())
+    ]
+    snapshot["device_traces"][device].append(
+        {
+            "action": "oom",
+            "addr": 0,
+            "size": size,
+            "stream": 0,
+            "device_free": free,
+            "frames": frames,
+            "time_us": time.time_ns() // 1000,
+        }
+    )
+    tmp = f"{filename}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(snapshot, f)
+    os.replace(tmp, filename)
 
 
 def host_memory_stats() -> dict[str, int]:
