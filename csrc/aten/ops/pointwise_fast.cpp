@@ -66,9 +66,13 @@ void enqueue(Binary kind, const char* name, const at::Tensor& out, const at::Ten
   Flat o{buffer_of(out), out.storage_offset()};
   Flat a{buffer_of(self), self.storage_offset()};
   std::optional<Flat> b;
-  std::optional<c10::Scalar> scalar;
+  // NOTE: a CPU scalar operand keeps its own dtype (and wrapped-number flag), as ATen's CPU
+  // kernel sees it: rounding 0.1 to half first would make x * 0.1 differ from CPU by an ulp.
+  at::Tensor scalar;
   if (is_cpu_scalar(other)) {
-    scalar = other.item();
+    scalar = other.clone();
+    scalar.unsafeGetTensorImpl()->set_wrapped_number(
+        other.unsafeGetTensorImpl()->is_wrapped_number());
   } else {
     b = Flat{buffer_of(other), other.storage_offset()};
   }
@@ -82,7 +86,7 @@ void enqueue(Binary kind, const char* name, const at::Tensor& out, const at::Ten
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       at::Tensor out_c = flat_cpu(o, numel, dtype);
       at::Tensor self_c = flat_cpu(a, numel, dtype);
-      at::Tensor other_c = b ? flat_cpu(*b, numel, dtype) : at::scalar_tensor(*scalar, dtype);
+      at::Tensor other_c = b ? flat_cpu(*b, numel, dtype) : scalar;
       switch (kind) {
         case Binary::Add:
           at::add_out(out_c, self_c, other_c, alpha);
