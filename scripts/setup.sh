@@ -24,9 +24,10 @@ stamp=.venv/.openneuron-deps
 want="$(sha1sum pyproject.toml | cut -c1-40)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing python packages into .venv"
-  # NOTE: torch is pinned; an unpinned torch would pull a multi-GB CUDA build.
+  # NOTE: torch is pinned; an unpinned torch would pull a multi-GB CUDA build. transformers is
+  # pinned too (5.25 needs a `kernels` release PyPI mirrors here lack); tests build tiny HF models.
   .venv/bin/pip install -q --disable-pip-version-check \
-    torch==2.13.0 setuptools wheel pytest numpy expecttest hypothesis
+    torch==2.13.0 setuptools wheel pytest numpy expecttest hypothesis transformers==5.20.0
   .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
   echo "$want" >"$stamp"
 fi
