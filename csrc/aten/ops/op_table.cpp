@@ -25,13 +25,14 @@ bool is_data_dependent(std::string_view name, std::string_view overload) {
                                                               "aten::unique_consecutive",
                                                               "aten::unique_dim_consecutive",
                                                               "aten::bincount",
-                                                              "aten::histc",
                                                               "aten::_local_scalar_dense",
                                                               "aten::item",
                                                               "aten::nonzero_numpy",
                                                               "aten::_assert_async",
                                                               "aten::_assert_async.msg",
                                                               "aten::_ragged_idx"};
+  // Not histc: its output is (bins,) whatever the data (with min == max the kernel finds the
+  // range itself, on the device's memory), so it runs asynchronously, as CUDA graphs rely on.
   if (kNames.count(name)) return true;
   return name == "aten::repeat_interleave" && overload.rfind("Tensor", 0) == 0;
 }
