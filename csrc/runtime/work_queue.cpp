@@ -63,7 +63,11 @@ void executor_set_thread_init(std::function<void()> fn) {
 }
 
 WorkQueue::WorkQueue(ErrorSink* sink, std::string name)
-    : sink_(sink), name_(std::move(name)), slots_(new Work[kCapacity]) {}
+    : sink_(sink),
+      name_(std::move(name)),
+      slots_(new Work[kCapacity]),
+      correlation_(new uint64_t[kCapacity]()),
+      trace_id_(trace::queue_id(name_)) {}
 
 WorkQueue::~WorkQueue() { shutdown(); }
 
@@ -97,6 +101,7 @@ uint64_t WorkQueue::push(Work&& work) {
     }
   }
   slots_[t & (kCapacity - 1)] = std::move(work);
+  correlation_[t & (kCapacity - 1)] = trace::enabled() ? trace::current_correlation() : 0;
   tail_.store(t + 1, std::memory_order_seq_cst);
   // NOTE: the first producer to see the executor asleep clears the flag and wakes it; later
   // pushes during its wake-up cost no system call.
@@ -149,7 +154,11 @@ void WorkQueue::run() {
     }
     for (; h != t; ++h) {
       Work& w = slots_[h & (kCapacity - 1)];
-      execute(w);
+      if (trace::enabled()) {
+        execute_traced(w, correlation_[h & (kCapacity - 1)]);
+      } else {
+        execute(w);
+      }
       // NOTE: the callable is not destroyed here but by the producer that next reuses the
       // slot (push): what a closure holds was allocated on the producer's thread, and freeing
       // it here contended on the malloc arena's lock with every op. Hence Work's contract
@@ -200,6 +209,19 @@ void WorkQueue::execute(Work& w) noexcept {
   } catch (...) {
     sink_->on_error(w, "unknown exception (not derived from std::exception)");
   }
+}
+
+void WorkQueue::execute_traced(Work& w, uint64_t correlation) noexcept {
+  trace::Record r;
+  r.name = w.name;
+  r.correlation = correlation;
+  r.seq = w.seq;
+  r.device = trace_id_.device;
+  r.stream = trace_id_.stream;
+  r.start_ns = trace::now_ns();
+  execute(w);
+  r.end_ns = trace::now_ns();
+  trace::record(r);
 }
 
 }  // namespace openneuron::runtime

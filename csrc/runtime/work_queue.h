@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "hal.h"
+#include "trace.h"
 
 namespace openneuron::runtime {
 
@@ -59,10 +60,16 @@ class WorkQueue {
   void run();
   uint64_t await_work(uint64_t head);
   void execute(Work& work) noexcept;
+  // execute() while a profiler session is active: times the item into the trace (trace.h).
+  void execute_traced(Work& work, uint64_t correlation) noexcept;
 
   ErrorSink* sink_;
   const std::string name_;
   std::unique_ptr<Work[]> slots_;
+  // Profiler: the correlation id of the host op that pushed each slot (0 when not profiling),
+  // and where this queue's trace records go.
+  std::unique_ptr<uint64_t[]> correlation_;
+  const trace::QueueId trace_id_;
 
   // Producer side (guarded by push_mu_, except tail_ which the executor reads).
   std::mutex push_mu_;
