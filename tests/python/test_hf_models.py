@@ -1,0 +1,228 @@
+# Real Hugging Face models (transformers, tiny configs, random weights, no downloads) on neuron
+# against CPU PyTorch: the same model built on the CPU and deep-copied to neuron runs one training
+# step (forward, backward, AdamW) on both. float32: logits, loss, gradients and updated parameters
+# agree to the tolerances below; bf16 autocast: the loss agrees to BF16_LOSS_ATOL. Each step must
+# take no synchronous fallback ("fallback" rows of openneuron.ops_report()), and its "sync" rows
+# (host waits by nature) must be exactly the ones justified in JUSTIFIED_SYNC.
+import copy
+import math
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tiny configs only: never reach for the hub
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import openneuron  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+hf_logging.set_verbosity_error()  # tiny vocabularies make transformers warn about special ids
+
+VOCAB, BATCH, SEQ = 128, 2, 12
+LR = 1e-3
+
+# float32 tolerances. Both devices run the same ATen CPU math; they may differ only in rounding
+# order (reduction splits, GEMM blocking), i.e. a few float32 ulps per op.
+LOGITS_TOL = dict(rtol=1e-5, atol=1e-5)
+LOSS_TOL = dict(rtol=1e-6, atol=1e-6)
+GRAD_TOL = dict(rtol=1e-4, atol=1e-6)
+# AdamW's first step moves each weight by about lr * g / (|g| + eps): a gradient at float32
+# noise level (|g| ~ 1e-9, e.g. a weight that barely influences the loss) turns an ulp-level
+# difference into a visible fraction of lr (up to 0.6% of lr seen). Updated parameters are
+# compared to 2% of lr.
+PARAM_TOL = dict(rtol=0.0, atol=2e-2 * LR)
+# bf16 autocast: neuron follows CUDA's autocast op lists, the CPU its own (e.g. CPU autocast
+# keeps some ops in float32 that CUDA's lists run in bf16), so the two losses are two different
+# bf16 computations; with losses ~ln(VOCAB) = 4.85 they agree to well within 2e-2 (0.4%).
+BF16_LOSS_ATOL = 2e-2
+
+# Ops that wait for the device by nature in a training step (the output shape or a Python-side
+# branch depends on tensor values, as on CUDA), per model. Everything else must be asynchronous.
+JUSTIFIED_SYNC: dict[str, dict[str, str]] = {
+    "gpt2": {},
+    "llama": {},
+    "bert": {},
+    "t5": {},
+    # Default experts implementation (grouped_mm): sort + histc + grouped GEMM, all sized at
+    # dispatch, so routing never waits for the device.
+    "mixtral": {},
+    "qwen3_moe": {},
+    # experts_implementation="eager": the reference loop over experts.
+    "mixtral_eager_experts": {
+        "aten::nonzero": "the experts the router hit, (expert_mask.sum(...) > 0).nonzero(), and "
+                         "each expert's tokens, torch.where(expert_mask[e]): lists whose length "
+                         "depends on the routing, so the host waits for them (on CUDA too)",
+    },
+    # experts_implementation="batched_mm": gathers each token's expert weights; fully static.
+    "mixtral_batched_mm_experts": {},
+}
+
+
+def _tiny_config(name: str):
+    common = dict(vocab_size=VOCAB, max_position_embeddings=32)
+    llama_like = dict(common, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2)
+    if name == "gpt2":
+        return transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2,
+                                       n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    if name == "llama":
+        return transformers.LlamaConfig(**llama_like)
+    if name == "bert":
+        return transformers.BertConfig(**common, hidden_size=32, num_hidden_layers=2,
+                                       num_attention_heads=4, intermediate_size=64,
+                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    if name == "t5":
+        return transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                     num_heads=4, dropout_rate=0.0, decoder_start_token_id=0)
+    if name.startswith("mixtral"):
+        return transformers.MixtralConfig(**llama_like, num_local_experts=4, num_experts_per_tok=2)
+    if name == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**llama_like, moe_intermediate_size=32, num_experts=4,
+                                           num_experts_per_tok=2, head_dim=8)
+    raise KeyError(name)
+
+
+_MODEL_CLASS = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "bert": "BertForMaskedLM",
+    "t5": "T5ForConditionalGeneration",
+    "mixtral": "MixtralForCausalLM",
+    "mixtral_eager_experts": "MixtralForCausalLM",
+    "mixtral_batched_mm_experts": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+_EXPERTS = {"mixtral_eager_experts": "eager", "mixtral_batched_mm_experts": "batched_mm"}
+
+
+def build_model(name: str, seed: int = 0, config=None) -> torch.nn.Module:
+    """The model with seeded random weights, on the CPU, in training mode."""
+    torch.manual_seed(seed)
+    model = getattr(transformers, _MODEL_CLASS[name])(config or _tiny_config(name))
+    if name in _EXPERTS:
+        model.set_experts_implementation(_EXPERTS[name])
+    return model.train()
+
+
+def make_batch(name: str, seed: int = 1) -> dict[str, torch.Tensor]:
+    """input_ids/labels (and attention_mask with padding) for one training step, on the CPU."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=g)
+    if name == "t5":
+        dec = torch.randint(1, VOCAB, (BATCH, SEQ - 4), generator=g)
+        mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+        mask[1, -3:] = 0  # the second encoder sequence is right-padded
+        return dict(input_ids=ids, attention_mask=mask, labels=dec)
+    if name == "bert":
+        mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+        mask[1, -4:] = 0
+        labels = torch.full_like(ids, -100)
+        labels[:, 2::3] = ids[:, 2::3]  # predict every third token ...
+        ids = ids.clone()
+        ids[:, 2::3] = 0  # ... from a [MASK]-like token 0
+        return dict(input_ids=ids, attention_mask=mask, labels=labels)
+    return dict(input_ids=ids, labels=ids)
+
+
+def train_step(model, batch, device, autocast_dtype=None):
+    """One forward/backward/AdamW step; returns (loss, logits, grads, params) on the CPU."""
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    if autocast_dtype is None:
+        out = model(**batch)
+    else:
+        with torch.autocast(device.type, dtype=autocast_dtype):
+            out = model(**batch)
+    out.loss.backward()
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    opt.step()
+    params = {n: p.detach().cpu() for n, p in model.named_parameters()}
+    return out.loss.detach().cpu(), out.logits.detach().float().cpu(), grads, params
+
+
+def non_async_ops() -> dict[str, set[str]]:
+    """{"sync": {...}, "fallback": {...}}: ops that made the host wait since the last reset."""
+    rows = openneuron.ops_report(print_table=False)
+    return {path: {r.op for r in rows if r.path == path} for path in ("sync", "fallback")}
+
+
+ALL_MODELS = list(_MODEL_CLASS)
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_float32_train_step_matches_cpu(device, name):
+    cpu_model = build_model(name)
+    neuron_model = copy.deepcopy(cpu_model).to(device)
+    batch = make_batch(name)
+    ref = train_step(cpu_model, batch, torch.device("cpu"))
+    openneuron.ops_report(print_table=False, reset=True)
+    got = train_step(neuron_model, batch, device)
+    waits = non_async_ops()
+
+    loss, logits, grads, params = got
+    torch.testing.assert_close(loss, ref[0], **LOSS_TOL)
+    torch.testing.assert_close(logits, ref[1], **LOGITS_TOL)
+    assert grads.keys() == ref[2].keys() and len(grads) == len(ref[3])
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref[2][n], **GRAD_TOL, msg=lambda m: f"{n}: {m}")
+    for n in params:
+        torch.testing.assert_close(params[n], ref[3][n], **PARAM_TOL, msg=lambda m: f"{n}: {m}")
+    assert waits["fallback"] == set(), f"synchronous fallbacks in a {name} step: {waits}"
+    assert waits["sync"] == set(JUSTIFIED_SYNC[name]), (
+        f"{name}: sync ops {sorted(waits['sync'])}, justified {sorted(JUSTIFIED_SYNC[name])}")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "t5", "mixtral", "qwen3_moe"])
+def test_bf16_autocast_train_step_matches_cpu(device, name):
+    cpu_model = build_model(name)
+    neuron_model = copy.deepcopy(cpu_model).to(device)
+    batch = make_batch(name)
+    ref_loss, _, _, _ = train_step(cpu_model, batch, torch.device("cpu"), torch.bfloat16)
+    openneuron.ops_report(print_table=False, reset=True)
+    loss, logits, grads, params = train_step(neuron_model, batch, device, torch.bfloat16)
+    waits = non_async_ops()
+    assert abs(loss.item() - ref_loss.item()) <= BF16_LOSS_ATOL, (loss.item(), ref_loss.item())
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    assert all(torch.isfinite(p).all() for p in params.values())
+    assert waits["fallback"] == set(), f"synchronous fallbacks in a bf16 {name} step: {waits}"
+    assert waits["sync"] == set(JUSTIFIED_SYNC[name]), waits
+
+
+def test_dropout_on_runs_and_is_reproducible(device):
+    # Dropout draws from the neuron generator, so it cannot match the CPU's random stream; it
+    # must run asynchronously, give a finite loss that differs from the dropout-free one, and
+    # repeat exactly under the same torch.manual_seed.
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2,
+                                     n_head=4, resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3)
+    model = build_model("gpt2", config=config).to(device)
+    batch = {k: v.to(device) for k, v in make_batch("gpt2").items()}
+    openneuron.ops_report(print_table=False, reset=True)
+    losses = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        out = model(**batch)
+        out.loss.backward()
+        losses.append(out.loss.item())
+    assert non_async_ops() == {"sync": set(), "fallback": set()}
+    assert math.isfinite(losses[0]) and losses[0] == losses[1]
+    with torch.no_grad():
+        no_dropout = model.eval()(**batch).loss.item()
+    assert no_dropout != losses[0]
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_gradient_checkpointing_gives_same_grads(device):
+    # HF activation checkpointing (torch.utils.checkpoint, non-reentrant) recomputes each layer
+    # in backward; on neuron it must give the gradients of the plain run.
+    model = build_model("llama").to(device)
+    batch = {k: v.to(device) for k, v in make_batch("llama").items()}
+    model(**batch).loss.backward()
+    plain = {n: p.grad.cpu() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    openneuron.ops_report(print_table=False, reset=True)
+    model(**batch).loss.backward()
+    assert non_async_ops() == {"sync": set(), "fallback": set()}
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad.cpu(), plain[n], rtol=0, atol=0, msg=n)
