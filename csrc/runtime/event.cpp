@@ -25,15 +25,23 @@ Event& Event::operator=(Event&& o) noexcept {
 }
 
 void Event::record(const Stream& s) {
+  run_flush_hook(FlushPoint::kEventRecord);
   hal().event_record(event_, s.hal_stream());
   device_ = s.device();
 }
 
-void Event::block(const Stream& s) const { hal().stream_wait_event(s.hal_stream(), event_); }
+void Event::block(const Stream& s) const {
+  run_flush_hook(FlushPoint::kEventWait);
+  hal().stream_wait_event(s.hal_stream(), event_);
+}
 
-bool Event::query() const { return event_ == nullptr || hal().event_query(event_); }
+bool Event::query() const {
+  run_flush_hook(FlushPoint::kEventQuery);
+  return event_ == nullptr || hal().event_query(event_);
+}
 
 void Event::synchronize() const {
+  run_flush_hook(FlushPoint::kEventSync);
   if (event_ != nullptr) hal().event_sync(event_);
 }
 

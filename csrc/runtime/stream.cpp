@@ -86,15 +86,29 @@ HalStream* Stream::hal_stream() const {
   return s;
 }
 
-void Stream::enqueue(Work work) const { hal().stream_enqueue(hal_stream(), std::move(work)); }
+namespace detail {
+std::atomic<FlushHook> flush_hook{nullptr};
+}  // namespace detail
+
+void set_flush_hook(FlushHook hook) { detail::flush_hook.store(hook, std::memory_order_release); }
+
+void Stream::enqueue(Work work) const {
+  run_flush_hook(FlushPoint::kEnqueue);
+  hal().stream_enqueue(hal_stream(), std::move(work));
+}
 
 void Stream::memcpy(void* dst, const void* src, size_t bytes, CopyKind kind) const {
+  run_flush_hook(FlushPoint::kMemcpy);
   hal().memcpy(dst, src, bytes, kind, hal_stream());
 }
 
-void Stream::synchronize() const { hal().stream_sync(hal_stream()); }
+void Stream::synchronize() const {
+  run_flush_hook(FlushPoint::kStreamSync);
+  hal().stream_sync(hal_stream());
+}
 
 bool Stream::query() const {
+  run_flush_hook(FlushPoint::kStreamQuery);
   DeviceStreams& ds = streams_of(device_);
   check_id(device_, id_);
   HalStream* s = ds.hal[id_].load(std::memory_order_acquire);
@@ -136,6 +150,7 @@ void stream_set_current(const Stream& s) {
 
 void stream_sync_all(DeviceIndex d) {
   DeviceStreams& ds = streams_of(d);
+  run_flush_hook(FlushPoint::kStreamSync);
   std::exception_ptr first;
   for (std::atomic<HalStream*>& slot : ds.hal) {
     HalStream* s = slot.load(std::memory_order_acquire);
@@ -150,6 +165,7 @@ void stream_sync_all(DeviceIndex d) {
 }
 
 void stream_drain_all(DeviceIndex d) {
+  run_flush_hook(FlushPoint::kStreamSync);
   for (std::atomic<HalStream*>& slot : streams_of(d).hal) {
     HalStream* s = slot.load(std::memory_order_acquire);
     if (s == nullptr) continue;

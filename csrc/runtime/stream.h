@@ -4,11 +4,27 @@
 // thread's current stream is per device, the default stream until set.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "hal.h"
 
 namespace openneuron::runtime {
+
+// Adaptive eager (csrc/aten/fusion) keeps recorded ops pending on the host. This hook runs first
+// in every Stream/Event call that queues work, copies, or waits, so a pending group is always
+// flushed (enqueued) before anything that could observe or reorder it. nullptr = no hook.
+enum class FlushPoint : uint8_t {
+  kEnqueue, kMemcpy, kStreamSync, kStreamQuery, kEventRecord, kEventWait, kEventQuery, kEventSync
+};
+using FlushHook = void (*)(FlushPoint);
+void set_flush_hook(FlushHook hook);
+namespace detail {
+extern std::atomic<FlushHook> flush_hook;
+}  // namespace detail
+inline void run_flush_hook(FlushPoint p) {
+  if (FlushHook h = detail::flush_hook.load(std::memory_order_acquire)) h(p);
+}
 
 constexpr int kStreamPoolSize = 32;      // streams per priority level per device
 constexpr int kStreamPriorityHigh = -1;  // priorities are clamped to [kStreamPriorityHigh, 0]
