@@ -1,0 +1,228 @@
+// Native kernels (csrc/kernels) for softmax / log_softmax and layer norm, forward and backward,
+// registered for the neuron device, and the switch that turns all native kernels off
+// (native_kernels.h). Each call checks its inputs, allocates its outputs and enqueues ONE work
+// item that runs the kernel on raw device pointers. Cases the kernels do not cover (other
+// dims, non-contiguous or empty inputs, other dtypes) take the path they take without these
+// kernels: ATen's structured wrapper or the boxed fallback (asynchronous ATen CPU kernel).
+#include "aten/ops/native_kernels.h"
+
+#include <ATen/WrapDimUtils.h>
+#include <ATen/ops/_log_softmax_backward_data_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/_log_softmax_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/_softmax_backward_data_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/_softmax_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/layer_norm.h"
+#include "kernels/softmax.h"
+
+namespace openneuron::aten {
+namespace {
+
+std::atomic<bool>& enabled_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* v = std::getenv("OPENNEURON_NATIVE_KERNELS");
+    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 ||
+                   std::strcmp(v, "off") == 0));
+  }()};
+  return flag;
+}
+
+bool set_native_kernels(bool on) { return enabled_flag().exchange(on); }
+
+// ---- softmax / log_softmax ------------------------------------------------------------------
+
+bool softmax_eligible(const at::Tensor& x, int64_t dim) {
+  return native_kernels_enabled() && kernel_operand(x) && x.dim() > 0 && dim == x.dim() - 1 &&
+         x.is_contiguous() && x.numel() > 0;
+}
+
+template <bool kLog>
+at::Tensor softmax_fwd(const at::Tensor& self, int64_t dim, bool half_to_float) {
+  const int64_t d = self.dim() > 0 ? at::maybe_wrap_dim(dim, self.dim()) : dim;
+  if (half_to_float || !softmax_eligible(self, d)) {
+    return kLog ? at::compositeexplicitautogradnonfunctional::_log_softmax(self, dim, half_to_float)
+                : at::compositeexplicitautogradnonfunctional::_softmax(self, dim, half_to_float);
+  }
+  static OpInfo& info = op_info(kLog ? "aten::_log_softmax" : "aten::_softmax", "");
+  at::Tensor out = empty_on(self.sizes(), self.scalar_type(), self.device());
+  const int64_t n = self.size(-1), rows = self.numel() / n;
+  const kernels::DType dt = *kernel_dtype(self.scalar_type());
+  const void* x = ptr_of(self);
+  void* y = ptr_of(out);
+  enqueue_native(info, self.device(),
+                 [=] { kernels::softmax_forward(dt, x, y, rows, n, kLog); });
+  return out;
+}
+
+template <bool kLog>
+at::Tensor softmax_bwd(const at::Tensor& grad, const at::Tensor& output, int64_t dim,
+                       c10::ScalarType input_dtype) {
+  const int64_t d = grad.dim() > 0 ? at::maybe_wrap_dim(dim, grad.dim()) : dim;
+  if (!softmax_eligible(grad, d) || !kernel_operand(output) || !output.is_contiguous() ||
+      output.device() != grad.device() || !output.sizes().equals(grad.sizes()) ||
+      output.scalar_type() != grad.scalar_type() || input_dtype != grad.scalar_type()) {
+    return kLog ? at::compositeexplicitautogradnonfunctional::_log_softmax_backward_data(
+                      grad, output, dim, input_dtype)
+                : at::compositeexplicitautogradnonfunctional::_softmax_backward_data(
+                      grad, output, dim, input_dtype);
+  }
+  static OpInfo& info =
+      op_info(kLog ? "aten::_log_softmax_backward_data" : "aten::_softmax_backward_data", "");
+  at::Tensor gin = empty_on(grad.sizes(), grad.scalar_type(), grad.device());
+  const int64_t n = grad.size(-1), rows = grad.numel() / n;
+  const kernels::DType dt = *kernel_dtype(grad.scalar_type());
+  const void* g = ptr_of(grad);
+  const void* o = ptr_of(output);
+  void* gi = ptr_of(gin);
+  enqueue_native(info, grad.device(),
+                 [=] { kernels::softmax_backward(dt, g, o, gi, rows, n, kLog); });
+  return gin;
+}
+
+// ---- layer norm -----------------------------------------------------------------------------
+
+// The dtypes ATen uses: mean/rstd are float32 when the input is bf16/fp16 and the weight is
+// float32 ("mixed"), else the input's dtype.
+std::optional<kernels::LayerNormTypes> ln_types(const at::Tensor& x, const at::Tensor& w,
+                                                const at::Tensor& b) {
+  kernels::LayerNormTypes t;
+  t.dtype = *kernel_dtype(x.scalar_type());
+  t.wdtype = t.dtype;
+  t.sdtype = t.dtype;
+  const at::Tensor& p = w.defined() ? w : b;
+  if (p.defined() && p.scalar_type() != x.scalar_type()) {
+    if (p.scalar_type() != c10::ScalarType::Float) return std::nullopt;
+    t.wdtype = kernels::DType::F32;
+    t.sdtype = kernels::DType::F32;
+  }
+  if (w.defined() && b.defined() && w.scalar_type() != b.scalar_type()) return std::nullopt;
+  return t;
+}
+
+bool ln_param_ok(const at::Tensor& p, const at::Tensor& x, int64_t n) {
+  return !p.defined() || (kernel_operand(p) && p.device() == x.device() && p.is_contiguous() &&
+                          p.numel() == n);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(
+    const at::Tensor& input, c10::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight_opt, const std::optional<at::Tensor>& bias_opt,
+    double eps) {
+  static const c10::OperatorHandle op = find_op("aten::native_layer_norm", "");
+  const at::Tensor w = weight_opt.value_or(at::Tensor());
+  const at::Tensor b = bias_opt.value_or(at::Tensor());
+  const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
+  bool ok = native_kernels_enabled() && kernel_operand(input) && input.is_contiguous() &&
+            axis >= 0 && input.numel() > 0;
+  int64_t n = 1;
+  if (ok) {
+    for (size_t i = 0; i < normalized_shape.size(); ++i) {
+      ok &= input.size(axis + static_cast<int64_t>(i)) == normalized_shape[i];
+      n *= normalized_shape[i];
+    }
+  }
+  ok = ok && n > 0 && ln_param_ok(w, input, n) && ln_param_ok(b, input, n);
+  std::optional<kernels::LayerNormTypes> types;
+  if (ok) types = ln_types(input, w, b);
+  if (!types) {
+    return boxed_fallback<std::tuple<at::Tensor, at::Tensor, at::Tensor>>(
+        op, input, normalized_shape, weight_opt, bias_opt, eps);
+  }
+  static OpInfo& info = op_info("aten::native_layer_norm", "");
+  const int64_t rows = input.numel() / n;
+  c10::SmallVector<int64_t, 5> stat_sizes(input.sizes().begin(), input.sizes().begin() + axis);
+  stat_sizes.append(normalized_shape.size(), 1);
+  const c10::ScalarType stat_dtype =
+      types->sdtype == kernels::DType::F32 ? c10::ScalarType::Float : input.scalar_type();
+  at::Tensor out = empty_on(input.sizes(), input.scalar_type(), input.device());
+  at::Tensor mean = empty_on(stat_sizes, stat_dtype, input.device());
+  at::Tensor rstd = empty_on(stat_sizes, stat_dtype, input.device());
+  const kernels::LayerNormTypes t = *types;
+  const void* x = ptr_of(input);
+  const void* wp = ptr_of(w);
+  const void* bp = ptr_of(b);
+  void* y = ptr_of(out);
+  void* mp = ptr_of(mean);
+  void* rp = ptr_of(rstd);
+  const float feps = static_cast<float>(eps);
+  enqueue_native(info, input.device(), [=] {
+    kernels::layer_norm_forward(t, x, wp, bp, y, mp, rp, rows, n, feps);
+  });
+  return {out, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
+    const at::Tensor& grad_out, const at::Tensor& input, c10::IntArrayRef normalized_shape,
+    const at::Tensor& mean, const at::Tensor& rstd, const std::optional<at::Tensor>& weight_opt,
+    const std::optional<at::Tensor>& bias_opt, std::array<bool, 3> output_mask) {
+  static const c10::OperatorHandle op = find_op("aten::native_layer_norm_backward", "");
+  const at::Tensor w = weight_opt.value_or(at::Tensor());
+  const at::Tensor b = bias_opt.value_or(at::Tensor());
+  const int64_t axis = input.dim() - static_cast<int64_t>(normalized_shape.size());
+  int64_t n = 1;
+  for (int64_t s : normalized_shape) n *= s;
+  bool ok = native_kernels_enabled() && kernel_operand(input) && input.is_contiguous() &&
+            axis >= 0 && input.numel() > 0 && n > 0 && kernel_operand(grad_out) &&
+            grad_out.is_contiguous() && grad_out.sizes().equals(input.sizes()) &&
+            grad_out.scalar_type() == input.scalar_type() && ln_param_ok(w, input, n) &&
+            ln_param_ok(b, input, n) && kernel_operand(mean) && kernel_operand(rstd) &&
+            mean.is_contiguous() && rstd.is_contiguous() && mean.numel() * n == input.numel() &&
+            rstd.numel() == mean.numel() && grad_out.device() == input.device() &&
+            mean.device() == input.device() && rstd.device() == input.device();
+  std::optional<kernels::LayerNormTypes> types;
+  if (ok) types = ln_types(input, w, b);
+  if (types) {
+    const c10::ScalarType stat_dtype =
+        types->sdtype == kernels::DType::F32 ? c10::ScalarType::Float : input.scalar_type();
+    if (mean.scalar_type() != stat_dtype || rstd.scalar_type() != stat_dtype) types.reset();
+  }
+  if (!types) {
+    return boxed_fallback<std::tuple<at::Tensor, at::Tensor, at::Tensor>>(
+        op, grad_out, input, normalized_shape, mean, rstd, weight_opt, bias_opt, output_mask);
+  }
+  static OpInfo& info = op_info("aten::native_layer_norm_backward", "");
+  const int64_t rows = input.numel() / n;
+  at::Tensor dx, dw, db;
+  if (output_mask[0]) dx = empty_on(input.sizes(), input.scalar_type(), input.device());
+  if (output_mask[1] && w.defined()) dw = empty_on(w.sizes(), w.scalar_type(), input.device());
+  if (output_mask[2] && b.defined()) db = empty_on(b.sizes(), b.scalar_type(), input.device());
+  if (!dx.defined() && !dw.defined() && !db.defined()) return {dx, dw, db};
+  const kernels::LayerNormTypes t = *types;
+  const void* g = ptr_of(grad_out);
+  const void* x = ptr_of(input);
+  const void* mp = ptr_of(mean);
+  const void* rp = ptr_of(rstd);
+  const void* wp = ptr_of(w);
+  void* dxp = ptr_of(dx);
+  void* dwp = ptr_of(dw);
+  void* dbp = ptr_of(db);
+  enqueue_native(info, input.device(), [=] {
+    kernels::layer_norm_backward(t, g, x, mp, rp, wp, dxp, dwp, dbp, rows, n);
+  });
+  return {dx, dw, db};
+}
+
+}  // namespace
+
+bool native_kernels_enabled() { return enabled_flag().load(std::memory_order_relaxed); }
+
+}  // namespace openneuron::aten
+
+TORCH_LIBRARY_FRAGMENT(openneuron, m) {
+  m.def("_set_native_kernels(bool enabled) -> bool", &openneuron::aten::set_native_kernels);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  namespace ops = openneuron::aten;
+  m.impl("_softmax", TORCH_FN(ops::softmax_fwd<false>));
+  m.impl("_log_softmax", TORCH_FN(ops::softmax_fwd<true>));
+  m.impl("_softmax_backward_data", TORCH_FN(ops::softmax_bwd<false>));
+  m.impl("_log_softmax_backward_data", TORCH_FN(ops::softmax_bwd<true>));
+  m.impl("native_layer_norm", TORCH_FN(ops::layer_norm_fwd));
+  m.impl("native_layer_norm_backward", TORCH_FN(ops::layer_norm_bwd));
+}

@@ -1,0 +1,91 @@
+// Shared glue for the hand-written kernels of csrc/kernels (native_kernels.cpp: softmax,
+// layer norm, the on/off switch; native_attention.cpp: SDPA; native_optim.cpp: fused Adam):
+// dtype mapping, output allocation, the one-work-item enqueue, and the way back to the path an
+// op takes without a native kernel (the boxed fallback) for cases the kernels do not handle.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/boxing/impl/boxing.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <optional>
+#include <utility>
+
+#include "aten/errors.h"
+#include "aten/ops/fallback.h"
+#include "aten/ops/op_table.h"
+#include "aten/origin_capture.h"
+#include "kernels/kernel_util.h"
+#include "runtime/stream.h"
+
+namespace openneuron::aten {
+
+// Native kernels on (default) or off: OPENNEURON_NATIVE_KERNELS=0 at import, or
+// torch.ops.openneuron._set_native_kernels(False) at run time. Off = every op takes the path it
+// takes without these kernels (the asynchronous ATen path); used by benchmarks/kernels.py.
+bool native_kernels_enabled();
+
+inline std::optional<kernels::DType> kernel_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float:
+      return kernels::DType::F32;
+    case c10::ScalarType::BFloat16:
+      return kernels::DType::BF16;
+    case c10::ScalarType::Half:
+      return kernels::DType::F16;
+    default:
+      return std::nullopt;
+  }
+}
+
+inline bool on_neuron(const at::Tensor& t) { return t.defined() && t.device().is_privateuseone(); }
+
+// A plain (not conjugated / negated) neuron tensor of a kernel dtype.
+inline bool kernel_operand(const at::Tensor& t) {
+  return on_neuron(t) && kernel_dtype(t.scalar_type()).has_value() && !t.is_conj() &&
+         !t.is_neg() && t.layout() == c10::kStrided;
+}
+
+// A new contiguous neuron tensor (allocated on the current stream of `device`).
+inline at::Tensor empty_on(c10::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device) {
+  const c10::DeviceGuard guard(device);
+  return at::detail::empty_generic(sizes, c10::GetAllocator(c10::DeviceType::PrivateUse1),
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype,
+                                   std::nullopt);
+}
+
+// Enqueues fn as one work item on the current stream of `device`, named after the op.
+// NOTE: fn captures raw device pointers only, never tensors (stream-ordered frees keep the
+// memory valid until the work has run, as on CUDA; see host_views.h).
+template <class F>
+void enqueue_native(OpInfo& info, c10::Device device, F&& fn) {
+  info.native_calls.fetch_add(1, std::memory_order_relaxed);
+  runtime::Work work;
+  work.name = info.name;
+  work.origin = origin_capture();
+  work.fn = std::forward<F>(fn);
+  with_torch_errors(
+      [&] { runtime::stream_current(device.index()).enqueue(std::move(work)); });
+}
+
+// Calls op through the boxed PrivateUse1 fallback (the path without a native kernel).
+template <class Ret, class... Args>
+Ret boxed_fallback(const c10::OperatorHandle& op, Args&&... args) {
+  torch::jit::Stack stack;
+  stack.reserve(sizeof...(Args));
+  (stack.emplace_back(std::forward<Args>(args)), ...);
+  neuron_fallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  if constexpr (!std::is_void_v<Ret>) return c10::impl::PopResult<Ret>::call(stack);
+}
+
+inline c10::OperatorHandle find_op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+inline void* ptr_of(const at::Tensor& t) {
+  return t.defined() ? static_cast<char*>(buffer_of(t).data) +
+                           t.storage_offset() * static_cast<int64_t>(t.itemsize())
+                     : nullptr;
+}
+
+}  // namespace openneuron::aten

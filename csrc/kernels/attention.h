@@ -1,0 +1,42 @@
+// Scaled dot-product attention on [B, H, L, E] query, [B, H, S, E] key, [B, H, S, Ev] value
+// (the math of aten::_scaled_dot_product_fused_attention_overrideable and its backward):
+// out = softmax(q k^T * scale + mask, causal: j <= i) v, float32 compute, no dropout.
+// Rows whose scores are all -inf (fully masked) give 0 (as ATen's math path, _safe_softmax).
+// The forward keeps one row of scores at a time (no L x S matrix) and also returns the row
+// log-sum-exp, which the backward uses to recompute the probabilities.
+// Operands are strided (elements; the last dimension must be contiguous); the mask is
+// broadcast through stride 0. Parallel over (batch, head, query block) forward and over
+// (batch, head) backward.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernel_util.h"
+
+namespace openneuron::kernels {
+
+struct Strides4 {
+  int64_t s[4] = {0, 0, 0, 1};  // b, h, row, col (col must be 1 except for the mask)
+};
+
+struct AttentionArgs {
+  DType dtype = DType::F32;  // q, k, v, out, grads
+  int64_t B = 0, H = 0, L = 0, S = 0, E = 0, Ev = 0;
+  Strides4 q, k, v;
+  const void* mask = nullptr;  // additive, dtype mask_dtype, broadcast to [B, H, L, S]
+  DType mask_dtype = DType::F32;
+  Strides4 m;
+  bool causal = false;
+  float scale = 1.0f;
+};
+
+// out: contiguous [B, H, L, Ev]; lse: contiguous float32 [B, H, L] (-inf for masked rows).
+void attention_forward(const AttentionArgs& a, const void* q, const void* k, const void* v,
+                       void* out, float* lse);
+
+// grad_out / out strided as given; dq, dk, dv contiguous like q, k, v's logical shapes.
+void attention_backward(const AttentionArgs& a, const void* q, const void* k, const void* v,
+                        const void* out, Strides4 out_strides, const void* grad_out,
+                        Strides4 grad_strides, const float* lse, void* dq, void* dk, void* dv);
+
+}  // namespace openneuron::kernels

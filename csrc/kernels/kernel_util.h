@@ -1,0 +1,186 @@
+// Shared pieces of the hand-written kernels (csrc/kernels): element types and their float
+// conversions (bf16/fp16 round to nearest even, as c10 does), a vectorizable exp, lane-wise
+// reductions, and the target_clones attribute that compiles hot loops for AVX-512, AVX2 and the
+// baseline (picked at load time). No torch includes. Compute is always float32, as ATen's CPU
+// kernels do for low-precision inputs.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace openneuron::kernels {
+
+enum class DType : uint8_t { F32, BF16, F16 };
+
+inline const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::F32:
+      return "float32";
+    case DType::BF16:
+      return "bfloat16";
+    case DType::F16:
+      return "float16";
+  }
+  return "?";
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+// One clone per ISA level; the dynamic loader picks the best one for this CPU.
+#define OPENNEURON_KERNEL_TARGETS __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define OPENNEURON_KERNEL_TARGETS
+#endif
+#define OPENNEURON_INLINE __attribute__((always_inline)) inline
+
+OPENNEURON_INLINE uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+OPENNEURON_INLINE float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+OPENNEURON_INLINE float bf16_to_float(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
+OPENNEURON_INLINE uint16_t float_to_bf16(float f) {
+  uint32_t u = bits_of(f);
+  if (f != f) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// IEEE half <-> float by bit manipulation (exact; round to nearest even).
+OPENNEURON_INLINE float f16_to_float(uint16_t h) {
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const float normalized = float_of((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = float_of((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t r =
+      sign | (two_w < (1u << 27) ? bits_of(denormalized) : bits_of(normalized));
+  return float_of(r);
+}
+OPENNEURON_INLINE uint16_t float_to_f16(float f) {
+  float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
+  const uint32_t w = bits_of(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = float_of((bias >> 1) + 0x07800000u) + base;
+  const uint32_t b = bits_of(base);
+  const uint32_t nonsign = ((b >> 13) & 0x00007C00u) + (b & 0x00000FFFu);
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+// Element access by dtype: T is the stored type.
+struct F32 {
+  using T = float;
+  static OPENNEURON_INLINE float load(T v) { return v; }
+  static OPENNEURON_INLINE T store(float f) { return f; }
+};
+struct BF16 {
+  using T = uint16_t;
+  static OPENNEURON_INLINE float load(T v) { return bf16_to_float(v); }
+  static OPENNEURON_INLINE T store(float f) { return float_to_bf16(f); }
+};
+struct F16 {
+  using T = uint16_t;
+  static OPENNEURON_INLINE float load(T v) { return f16_to_float(v); }
+  static OPENNEURON_INLINE T store(float f) { return float_to_f16(f); }
+};
+
+// Calls f(Tag{}) with the element tag for d.
+template <class F>
+void dispatch_dtype(DType d, F&& f) {
+  switch (d) {
+    case DType::F32:
+      f(F32{});
+      break;
+    case DType::BF16:
+      f(BF16{});
+      break;
+    case DType::F16:
+      f(F16{});
+      break;
+  }
+}
+
+// exp(x) in float without branches (vectorizes): Cody-Waite range reduction and a degree-6
+// polynomial, within 2 ulp of std::exp on [-87, 88]; exp(-inf) = 0, exp(+inf) = inf, NaN stays.
+OPENNEURON_INLINE float exp_f32(float x) {
+  const float hi = 88.7228391f, lo = -87.3365479f;
+  float xc = x > hi ? hi : x;
+  xc = xc < lo ? lo : xc;
+  // n = round(x / ln2) through the 1.5 * 2^23 trick (no float -> int conversion).
+  const float magic = 12582912.0f;
+  const float t = xc * 1.44269504088896341f + magic;
+  const float n = t - magic;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^n from n's integer bits, as two factors so n in [-126, 128] stays in range.
+  const int32_t ni = static_cast<int32_t>(bits_of(t) - bits_of(magic));
+  const int32_t half = ni / 2;
+  const float s1 = float_of(static_cast<uint32_t>(half + 127) << 23);
+  const float s2 = float_of(static_cast<uint32_t>(ni - half + 127) << 23);
+  float res = p * s1 * s2;
+  res = x < lo ? 0.0f : res;
+  res = x > hi ? INFINITY : res;
+  return x != x ? x : res;
+}
+
+constexpr int kLanes = 16;
+
+// Lane-wise max / sum over a float array (vectorizes; the order differs from a serial loop).
+OPENNEURON_INLINE float max_f32(const float* x, int64_t n) {
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = -INFINITY;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+  float m = -INFINITY;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  return m;
+}
+
+OPENNEURON_INLINE float sum_f32(const float* x, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l];
+  float s = 0;
+  for (; i < n; ++i) s += x[i];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+OPENNEURON_INLINE float dot_f32(const float* x, const float* y, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l] * y[i + l];
+  float s = 0;
+  for (; i < n; ++i) s += x[i] * y[i];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+// Rows per parallel chunk so that a chunk holds at least ~16K elements.
+inline int64_t row_grain(int64_t row_len) {
+  const int64_t g = (16384 + row_len - 1) / (row_len > 0 ? row_len : 1);
+  return g > 0 ? g : 1;
+}
+
+}  // namespace openneuron::kernels

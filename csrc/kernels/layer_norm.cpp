@@ -1,0 +1,195 @@
+#include "kernels/layer_norm.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "runtime/parallel.h"
+
+namespace openneuron::kernels {
+namespace {
+
+OPENNEURON_INLINE float load_any(DType d, const void* p, int64_t i) {
+  switch (d) {
+    case DType::F32:
+      return static_cast<const float*>(p)[i];
+    case DType::BF16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16:
+      return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+
+OPENNEURON_INLINE void store_any(DType d, void* p, int64_t i, float v) {
+  switch (d) {
+    case DType::F32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::BF16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
+      break;
+    case DType::F16:
+      static_cast<uint16_t*>(p)[i] = float_to_f16(v);
+      break;
+  }
+}
+
+template <class D>
+OPENNEURON_INLINE void to_float(const void* src, int64_t offset, int64_t n, float* dst) {
+  const typename D::T* s = static_cast<const typename D::T*>(src) + offset;
+  for (int64_t j = 0; j < n; ++j) dst[j] = D::load(s[j]);
+}
+
+template <class D>
+OPENNEURON_INLINE void from_float(const float* src, void* dst, int64_t offset, int64_t n) {
+  typename D::T* d = static_cast<typename D::T*>(dst) + offset;
+  for (int64_t j = 0; j < n; ++j) d[j] = D::store(src[j]);
+}
+
+OPENNEURON_INLINE void load_row(DType d, const void* src, int64_t offset, int64_t n, float* dst) {
+  switch (d) {
+    case DType::F32:
+      to_float<F32>(src, offset, n, dst);
+      break;
+    case DType::BF16:
+      to_float<BF16>(src, offset, n, dst);
+      break;
+    case DType::F16:
+      to_float<F16>(src, offset, n, dst);
+      break;
+  }
+}
+
+OPENNEURON_INLINE void store_row(DType d, const float* src, void* dst, int64_t offset, int64_t n) {
+  switch (d) {
+    case DType::F32:
+      from_float<F32>(src, dst, offset, n);
+      break;
+    case DType::BF16:
+      from_float<BF16>(src, dst, offset, n);
+      break;
+    case DType::F16:
+      from_float<F16>(src, dst, offset, n);
+      break;
+  }
+}
+
+// Per-chunk float buffers: a row and the weight / bias as float.
+OPENNEURON_KERNEL_TARGETS
+void forward_chunk(LayerNormTypes t, const void* x, const float* w, const float* b, void* y,
+                   void* mean, void* rstd, int64_t begin, int64_t end, int64_t n, float eps,
+                   float* row) {
+  for (int64_t r = begin; r < end; ++r) {
+    load_row(t.dtype, x, r * n, n, row);
+    const float mu = sum_f32(row, n) / static_cast<float>(n);
+    float acc[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float d = row[j + l] - mu;
+        acc[l] += d * d;
+      }
+    float var = 0;
+    for (; j < n; ++j) var += (row[j] - mu) * (row[j] - mu);
+    for (int l = 0; l < kLanes; ++l) var += acc[l];
+    var /= static_cast<float>(n);
+    const float rs = 1.0f / std::sqrt(std::max(var, 0.0f) + eps);
+    store_any(t.sdtype, mean, r, mu);
+    store_any(t.sdtype, rstd, r, rs);
+    for (int64_t k = 0; k < n; ++k) {
+      float v = (row[k] - mu) * rs;
+      if (w) v = v * w[k];
+      if (b) v = v + b[k];
+      row[k] = v;
+    }
+    store_row(t.dtype, row, y, r * n, n);
+  }
+}
+
+// dx for rows [begin, end) and this block's dweight / dbias partial sums (pw, pb may be null).
+OPENNEURON_KERNEL_TARGETS
+void backward_chunk(LayerNormTypes t, const void* dy, const void* x, const void* mean,
+                    const void* rstd, const float* w, void* dx, float* pw, float* pb,
+                    int64_t begin, int64_t end, int64_t n, float* g, float* xh) {
+  const float inv_n = 1.0f / static_cast<float>(n);
+  for (int64_t r = begin; r < end; ++r) {
+    load_row(t.dtype, dy, r * n, n, g);
+    load_row(t.dtype, x, r * n, n, xh);
+    const float mu = load_any(t.sdtype, mean, r);
+    const float rs = load_any(t.sdtype, rstd, r);
+    for (int64_t k = 0; k < n; ++k) xh[k] = (xh[k] - mu) * rs;
+    if (pw)
+      for (int64_t k = 0; k < n; ++k) pw[k] += g[k] * xh[k];
+    if (pb)
+      for (int64_t k = 0; k < n; ++k) pb[k] += g[k];
+    if (!dx) continue;
+    if (w)
+      for (int64_t k = 0; k < n; ++k) g[k] = g[k] * w[k];
+    const float c1 = dot_f32(g, xh, n) * inv_n;
+    const float c2 = sum_f32(g, n) * inv_n;
+    for (int64_t k = 0; k < n; ++k) g[k] = rs * ((g[k] - c2) - xh[k] * c1);
+    store_row(t.dtype, g, dx, r * n, n);
+  }
+}
+
+std::vector<float> param_as_float(DType d, const void* p, int64_t n) {
+  std::vector<float> out;
+  if (!p) return out;
+  out.resize(static_cast<size_t>(n));
+  load_row(d, p, 0, n, out.data());
+  return out;
+}
+
+}  // namespace
+
+void layer_norm_forward(LayerNormTypes t, const void* x, const void* weight, const void* bias,
+                        void* y, void* mean, void* rstd, int64_t rows, int64_t n, float eps) {
+  if (rows <= 0) return;
+  if (n <= 0) {  // ATen: mean 0, rstd 1/sqrt(eps)... of nothing: NaN mean, as 0/0
+    for (int64_t r = 0; r < rows; ++r) {
+      store_any(t.sdtype, mean, r, NAN);
+      store_any(t.sdtype, rstd, r, NAN);
+    }
+    return;
+  }
+  const std::vector<float> w = param_as_float(t.wdtype, weight, n);
+  const std::vector<float> b = param_as_float(t.wdtype, bias, n);
+  runtime::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(n));
+    forward_chunk(t, x, weight ? w.data() : nullptr, bias ? b.data() : nullptr, y, mean, rstd,
+                  begin, end, n, eps, row.data());
+  });
+}
+
+void layer_norm_backward(LayerNormTypes t, const void* dy, const void* x, const void* mean,
+                         const void* rstd, const void* weight, void* dx, void* dweight,
+                         void* dbias, int64_t rows, int64_t n) {
+  if (n <= 0) return;
+  const std::vector<float> w = param_as_float(t.wdtype, weight, n);
+  // Fixed row blocks: block i's partial sums live in partial[i]; summed in block order below.
+  const int64_t block = std::max<int64_t>(row_grain(n), (rows + 255) / 256);
+  const int64_t blocks = rows > 0 ? (rows + block - 1) / block : 0;
+  const bool want_w = dweight != nullptr, want_b = dbias != nullptr;
+  std::vector<float> pw(want_w ? static_cast<size_t>(blocks * n) : 0, 0.0f);
+  std::vector<float> pb(want_b ? static_cast<size_t>(blocks * n) : 0, 0.0f);
+  runtime::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(static_cast<size_t>(2 * n));
+    for (int64_t bi = b0; bi < b1; ++bi) {
+      const int64_t begin = bi * block, end = std::min(rows, begin + block);
+      backward_chunk(t, dy, x, mean, rstd, weight ? w.data() : nullptr, dx,
+                     want_w ? pw.data() + bi * n : nullptr, want_b ? pb.data() + bi * n : nullptr,
+                     begin, end, n, buf.data(), buf.data() + n);
+    }
+  });
+  std::vector<float> total(static_cast<size_t>(n));
+  auto reduce = [&](const std::vector<float>& partial, void* out) {
+    std::fill(total.begin(), total.end(), 0.0f);
+    for (int64_t bi = 0; bi < blocks; ++bi)
+      for (int64_t k = 0; k < n; ++k) total[k] += partial[bi * n + k];
+    store_row(t.wdtype, total.data(), out, 0, n);
+  };
+  if (want_w) reduce(pw, dweight);
+  if (want_b) reduce(pb, dbias);
+}
+
+}  // namespace openneuron::kernels
