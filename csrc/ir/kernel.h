@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -32,7 +33,7 @@ enum class Op : uint8_t {
   // Unary, same dtype in and out (floating unless noted).
   kNeg,         // any numeric (wraps for ints)
   kAbs,         // any numeric
-  kSign,        // any numeric: -1, 0, 1 (NaN stays NaN)
+  kSign,        // any numeric: -1, 0, 1 ((0 < x) - (x < 0) as ATen: NaN -> 0)
   kReciprocal,  // 1 / x
   kExp,
   kExp2,
@@ -151,6 +152,7 @@ class Kernel {
 
  private:
   friend class KernelBuilder;
+  friend struct KernelExecAccess;  // execute.cpp: the interpreter's cached plan
   std::vector<DType> inputs_;
   std::vector<DType> outputs_;
   std::vector<Node> nodes_;
@@ -158,6 +160,8 @@ class Kernel {
   std::vector<uint8_t> reduced_;
   uint64_t reduce_mask_ = 0;
   uint64_t hash_ = 0;
+  mutable std::once_flag exec_once_;
+  mutable std::shared_ptr<const void> exec_plan_;  // built on first execute
 };
 
 struct KernelHash {
