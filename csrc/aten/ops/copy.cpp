@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "aten/errors.h"
+#include "aten/fusion/fusion.h"
 #include "aten/streams.h"
 #include "runtime/caching_allocator.h"
 #include "runtime/event.h"
@@ -195,7 +196,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   with_torch_errors([&] {
     if (src.is_privateuseone() && dst.is_privateuseone()) {
       if (src.device() == dst.device()) {
-        copy_same_device(dst, src);
+        // Adaptive eager: a cast is recorded into the pending group.
+        if (!(fusion::enabled() && fusion::try_record_copy(dst, src))) copy_same_device(dst, src);
       } else {
         copy_cross_device(dst, src);
       }

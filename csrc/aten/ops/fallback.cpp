@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include "aten/errors.h"
+#include "aten/fusion/fusion.h"
 #include "aten/generator.h"
 #include "aten/ops/meta_cache.h"
 #include "aten/origin_capture.h"
@@ -292,6 +293,8 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
 void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                      torch::jit::Stack* stack) {
   OpInfo& info = op_info(op);
+  // Adaptive eager: a fusible op is recorded; any other op closes the pending group first.
+  if (fusion::enabled() && fusion::try_record_boxed(op, info, stack)) return;
   const size_t n = info.num_args;
   const size_t first = stack->size() - n;
   c10::Device device = check_devices(info, *stack, first);

@@ -40,6 +40,9 @@ struct OpInfo {
   // Its results need the device's values on the host (data-dependent shapes, bool/int/float
   // returns): a sync point by nature, as on CUDA, counted as "sync" and never warned about.
   bool sync_by_nature = false;
+  // Adaptive eager (csrc/aten/fusion/aten_ops.cpp): this op's entry in the fusible-op table,
+  // looked up on first use (-1 = not yet, -2 = not fusible).
+  std::atomic<int16_t> fusion_spec{-1};
 
   std::atomic<uint64_t> native_calls{0};
   std::atomic<uint64_t> async_calls{0};

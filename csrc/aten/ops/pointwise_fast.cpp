@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include "aten/errors.h"
+#include "aten/fusion/fusion.h"
 #include "aten/ops/fallback.h"
 #include "aten/ops/host_views.h"
 #include "aten/ops/op_table.h"
@@ -138,6 +139,12 @@ at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const c10::Sc
   TensorGeom g = geom_of(self);
   g.offset = 0;
   at::Tensor out = device_empty(g, self.device());
+  // Adaptive eager: recorded into the pending group instead of enqueued.
+  static constexpr fusion::Fn kFn[4] = {fusion::Fn::kAdd, fusion::Fn::kSub, fusion::Fn::kMul,
+                                        fusion::Fn::kDiv};
+  if (fusion::enabled() &&
+      fusion::try_record_binary(kFn[static_cast<int>(kKind)], info.name, out, self, other, alpha))
+    return out;
   enqueue(kKind, info.name, out, self, other, alpha);
   return out;
 }
