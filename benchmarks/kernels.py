@@ -1,0 +1,171 @@
+"""Native kernels (csrc/kernels) against the path the same op takes without them, in one run.
+
+For each case: time per call on neuron with the native kernels, on neuron with them switched off
+(torch.ops.openneuron._set_native_kernels(False): the asynchronous ATen path, i.e. ATen's CPU
+kernel in a work item; for SDPA the composite math path), and CPU eager. Prints a table with
+the ratios native/off and native/cpu (lower is better). Not a test: nothing asserts on timing.
+
+    .venv/bin/python benchmarks/kernels.py [--quick] [--repeats 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+import openneuron  # noqa: F401  (registers the device)
+
+
+def set_native(on: bool) -> None:
+    torch.ops.openneuron._set_native_kernels(on)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "neuron":
+        torch.neuron.synchronize()
+
+
+def time_op(fn: Callable[[], object], device: torch.device, iters: int, repeats: int) -> float:
+    """Best-of-repeats mean seconds per call (the host is shared: the minimum is the signal)."""
+    fn()
+    sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync(device)
+        best = min(best, (time.perf_counter() - t0) / iters)
+    return best
+
+
+# Each case: name, build(device, dtype) -> zero-arg callable, dtype.
+def softmax_case(rows: int, n: int, log: bool, backward: bool):
+    def build(device, dtype):
+        x = torch.randn(rows, n, device=device, dtype=dtype, requires_grad=backward)
+        g = torch.randn(rows, n, device=device, dtype=dtype)
+        f = torch.log_softmax if log else torch.softmax
+        if not backward:
+            return lambda: f(x, -1)
+        return lambda: torch.autograd.grad(f(x, -1), x, g)
+    kind = ("log_softmax" if log else "softmax") + (" fwd+bwd" if backward else " fwd")
+    return f"{kind} [{rows}, {n}]", build
+
+
+def layer_norm_case(rows: int, n: int, backward: bool):
+    def build(device, dtype):
+        x = torch.randn(rows, n, device=device, dtype=dtype, requires_grad=backward)
+        w = torch.randn(n, device=device, dtype=dtype, requires_grad=backward)
+        b = torch.randn(n, device=device, dtype=dtype, requires_grad=backward)
+        g = torch.randn(rows, n, device=device, dtype=dtype)
+        if not backward:
+            return lambda: F.layer_norm(x, (n,), w, b)
+        return lambda: torch.autograd.grad(F.layer_norm(x, (n,), w, b), (x, w, b), g)
+    return f"layer_norm {'fwd+bwd' if backward else 'fwd'} [{rows}, {n}]", build
+
+
+def sdpa_case(b: int, h: int, l: int, e: int, causal: bool, backward: bool):
+    def build(device, dtype):
+        q, k, v = (torch.randn(b, h, l, e, device=device, dtype=dtype, requires_grad=backward)
+                   for _ in range(3))
+        g = torch.randn(b, h, l, e, device=device, dtype=dtype)
+        f = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        if not backward:
+            return f
+        return lambda: torch.autograd.grad(f(), (q, k, v), g)
+    tag = "causal " if causal else ""
+    return f"sdpa {tag}{'fwd+bwd' if backward else 'fwd'} [{b},{h},{l},{e}]", build
+
+
+def adamw_case(sizes: list[int], fused: bool | None):
+    def build(device, dtype):
+        params = [torch.nn.Parameter(torch.randn(s, device=device, dtype=dtype)) for s in sizes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-3, fused=fused)
+        return opt.step
+    total = sum(sizes)
+    mode = "fused=True" if fused else "default (foreach)"
+    return f"AdamW {mode} {len(sizes)} tensors {total / 1e6:.1f}M", build
+
+
+def gpt_param_sizes(d: int, layers: int, vocab: int) -> list[int]:
+    per_layer = [d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d]
+    return [vocab * d, 128 * d] + per_layer * layers + [d, d]
+
+
+def cases(quick: bool):
+    out = [
+        softmax_case(8 * 128, 1000, log=True, backward=False),
+        softmax_case(8 * 128, 1000, log=True, backward=True),
+        softmax_case(8 * 4 * 128, 128, log=False, backward=False),
+        softmax_case(8 * 4 * 128, 128, log=False, backward=True),
+        softmax_case(64, 100, log=False, backward=False),
+        layer_norm_case(8 * 128, 256, backward=False),
+        layer_norm_case(8 * 128, 256, backward=True),
+        layer_norm_case(64, 128, backward=False),
+        sdpa_case(8, 4, 128, 32, causal=True, backward=False),
+        sdpa_case(8, 4, 128, 32, causal=True, backward=True),
+        sdpa_case(8, 8, 128, 32, causal=False, backward=True),
+        adamw_case(gpt_param_sizes(128, 4, 1000), fused=True),
+        adamw_case(gpt_param_sizes(128, 4, 1000), fused=None),
+    ]
+    if not quick:
+        out += [
+            softmax_case(8 * 512, 8192, log=True, backward=True),
+            layer_norm_case(8 * 512, 1024, backward=True),
+            sdpa_case(4, 8, 512, 64, causal=True, backward=True),
+            adamw_case(gpt_param_sizes(512, 8, 8192), fused=True),
+        ]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="typical GPT shapes only")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--budget", type=float, default=0.2, help="seconds per measurement")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--filter", default="", help="only cases whose name contains this")
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    neuron, cpu = torch.device("neuron"), torch.device("cpu")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}")
+    print(f"{'case':44s} {'native us':>10s} {'off us':>10s} {'cpu us':>10s} "
+          f"{'native/off':>10s} {'native/cpu':>10s}")
+    rows = []
+    for name, build in cases(args.quick):
+        if args.filter not in name:
+            continue
+        torch.manual_seed(0)
+        fn_cpu = build(cpu, dtype)
+        fn_neuron = build(neuron, dtype)
+        # iterations from a CPU probe, so each measurement takes about `budget` seconds
+        t = time_op(fn_cpu, cpu, 1, 1)
+        iters = max(2, min(2000, int(args.budget / max(t, 1e-6))))
+        t_cpu = time_op(fn_cpu, cpu, iters, args.repeats)
+        set_native(True)
+        t_native = time_op(fn_neuron, neuron, iters, args.repeats)
+        set_native(False)
+        t_off = time_op(fn_neuron, neuron, iters, args.repeats)
+        set_native(True)
+        row = {"case": name, "native_us": t_native * 1e6, "off_us": t_off * 1e6,
+               "cpu_us": t_cpu * 1e6, "native_over_off": t_native / t_off,
+               "native_over_cpu": t_native / t_cpu}
+        rows.append(row)
+        print(f"{name:44s} {row['native_us']:10.1f} {row['off_us']:10.1f} {row['cpu_us']:10.1f} "
+              f"{row['native_over_off']:10.2f} {row['native_over_cpu']:10.2f}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

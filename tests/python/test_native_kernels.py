@@ -1,0 +1,334 @@
+"""Native kernels of csrc/kernels on the neuron device (softmax / log_softmax, layer norm,
+scaled dot-product attention, fused Adam/AdamW) against CPU PyTorch: forward results,
+autograd gradients, odd and empty shapes, non-contiguous inputs, the cases routed to the
+fallback, the runtime switch, and errors on bad input.
+
+Tolerances: float32 results match CPU to 1e-5 relative (different summation order and exp
+implementation; not bitwise); bfloat16 to 2e-2 and float16 to 2e-3 (one rounding of the
+float32 result, where ATen may round differently)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import openneuron
+
+DEV = torch.device("neuron:0")
+TOL = {
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+    torch.float16: dict(rtol=2e-3, atol=2e-3),
+}
+DTYPES = list(TOL)
+
+
+def native_calls(op: str) -> int:
+    return sum(r.calls for r in openneuron.ops_report(print_table=False)
+               if r.op == op and r.path == "native")
+
+
+def close(neuron: torch.Tensor, cpu: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
+    tol = {k: v * scale for k, v in TOL[dtype].items()}
+    torch.testing.assert_close(neuron.cpu(), cpu, **tol)
+
+
+@pytest.fixture
+def native_off():
+    torch.ops.openneuron._set_native_kernels(False)
+    yield
+    torch.ops.openneuron._set_native_kernels(True)
+
+
+# ---- softmax / log_softmax -------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7, 33), (5, 1000), (17,)])
+def test_softmax_forward_backward(dtype, log, shape):
+    torch.manual_seed(0)
+    f = torch.log_softmax if log else torch.softmax
+    x = (torch.randn(shape) * 3).to(dtype)
+    g = torch.randn(shape).to(dtype)
+    xc, xn = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+    name = "aten::_log_softmax" if log else "aten::_softmax"
+    before = native_calls(name), native_calls(name + "_backward_data")
+    yc, yn = f(xc, -1), f(xn, -1)
+    yc.backward(g)
+    yn.backward(g.to(DEV))
+    close(yn, yc.detach(), dtype)
+    close(xn.grad, xc.grad, dtype, scale=2)
+    assert native_calls(name) == before[0] + 1
+    assert native_calls(name + "_backward_data") == before[1] + 1
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_other_dim_and_strided_use_the_fallback(log):
+    f = torch.log_softmax if log else torch.softmax
+    x = torch.randn(6, 9, 4)
+    name = "aten::_log_softmax" if log else "aten::_softmax"
+    before = native_calls(name)
+    torch.testing.assert_close(f(x.to(DEV), 1).cpu(), f(x, 1))
+    xt = x.transpose(0, 2)
+    torch.testing.assert_close(f(xt.to(DEV).transpose(0, 2).transpose(0, 2), -1).cpu(),
+                               f(xt, -1))
+    assert native_calls(name) == before  # neither call was native
+
+
+def test_softmax_special_values():
+    x = torch.tensor([[0.0, float("-inf"), 1.0], [float("-inf")] * 3, [1e30, -1e30, 0.0],
+                      [float("nan"), 0.0, 1.0]])
+    for f in (torch.softmax, torch.log_softmax):
+        torch.testing.assert_close(f(x.to(DEV), -1).cpu(), f(x, -1), equal_nan=True)
+
+
+def test_softmax_empty_and_errors():
+    e = torch.empty(0, 5, device=DEV)
+    assert torch.softmax(e, -1).shape == (0, 5)
+    with pytest.raises(RuntimeError, match="Long|not implemented"):
+        torch.softmax(torch.ones(3, 4, dtype=torch.long, device=DEV), -1)
+        torch.neuron.synchronize()
+    with pytest.raises(IndexError):
+        torch.softmax(torch.ones(3, 4, device=DEV), 5)
+
+
+def test_switch_off_gives_the_same_results(native_off):
+    x = torch.randn(4, 50)
+    before = native_calls("aten::_softmax")
+    torch.testing.assert_close(torch.softmax(x.to(DEV), -1).cpu(), torch.softmax(x, -1))
+    assert native_calls("aten::_softmax") == before
+
+
+# ---- layer norm ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("shape,norm", [((8, 256), (256,)), ((3, 5, 7, 6), (7, 6)), ((1, 1), (1,))])
+def test_layer_norm_forward_backward(dtype, affine, shape, norm):
+    torch.manual_seed(0)
+    x = (torch.randn(shape) * 2 + 1).to(dtype)
+    w = torch.randn(norm).to(dtype) if affine else None
+    b = torch.randn(norm).to(dtype) if affine else None
+    g = torch.randn(shape).to(dtype)
+    cpu = [t.clone().requires_grad_() if t is not None else None for t in (x, w, b)]
+    dev = [t.to(DEV).requires_grad_() if t is not None else None for t in (x, w, b)]
+    before = native_calls("aten::native_layer_norm")
+    yc = F.layer_norm(cpu[0], norm, cpu[1], cpu[2])
+    yn = F.layer_norm(dev[0], norm, dev[1], dev[2])
+    yc.backward(g)
+    yn.backward(g.to(DEV))
+    close(yn, yc.detach(), dtype, scale=2)
+    for tn, tc in zip(dev, cpu):
+        if tc is not None:
+            # dweight/dbias sum over rows: allow for the summation order
+            close(tn.grad, tc.grad, dtype, scale=10 if dtype == torch.float32 else 4)
+    assert native_calls("aten::native_layer_norm") == before + 1
+
+
+def test_layer_norm_mixed_dtype_stats():
+    x = torch.randn(6, 32).to(torch.bfloat16)
+    w, b = torch.randn(32), torch.randn(32)
+    rc = torch.native_layer_norm(x, [32], w, b, 1e-5)
+    rn = torch.native_layer_norm(x.to(DEV), [32], w.to(DEV), b.to(DEV), 1e-5)
+    for a, c in zip(rn, rc):
+        assert a.dtype == c.dtype and a.shape == c.shape
+        torch.testing.assert_close(a.cpu(), c, rtol=2e-2, atol=2e-2)
+
+
+def test_layer_norm_noncontiguous_and_empty():
+    x = torch.randn(16, 8).t()
+    torch.testing.assert_close(F.layer_norm(x.to(DEV), (16,)).cpu(), F.layer_norm(x, (16,)),
+                               rtol=1e-5, atol=1e-5)
+    e = torch.empty(0, 8, device=DEV)
+    assert F.layer_norm(e, (8,)).shape == (0, 8)
+    with pytest.raises(RuntimeError, match="normalized_shape|Given normalized_shape"):
+        F.layer_norm(torch.randn(4, 8, device=DEV), (7,))
+
+
+# ---- scaled dot-product attention ------------------------------------------------------------
+
+def sdpa_both(q, k, v, dtype, grads=True, **kw):
+    """Forward and (optionally) gradients on CPU and neuron; returns (cpu, neuron) lists."""
+    cpu = [t.to(dtype).clone().requires_grad_(grads) for t in (q, k, v)]
+    dev = [t.to(dtype).to(DEV).requires_grad_(grads) for t in (q, k, v)]
+    kw_dev = {k2: (v2.to(DEV) if isinstance(v2, torch.Tensor) else v2) for k2, v2 in kw.items()}
+    oc = F.scaled_dot_product_attention(*cpu, **kw)
+    on = F.scaled_dot_product_attention(*dev, **kw_dev)
+    out_c, out_n = [oc.detach()], [on]
+    if grads:
+        g = torch.randn_like(oc)
+        gc = torch.autograd.grad(oc, cpu, g)
+        gn = torch.autograd.grad(on, dev, g.to(DEV))
+        out_c += list(gc)
+        out_n += list(gn)
+    return out_c, out_n
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L,S,E,Ev", [(37, 45, 16, 24), (128, 128, 32, 32), (1, 1, 8, 8),
+                                      (50, 20, 8, 8)])
+def test_sdpa_matches_cpu(dtype, causal, L, S, E, Ev):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, L, E), torch.randn(2, 3, S, E), torch.randn(2, 3, S, Ev)
+    before = native_calls("aten::_scaled_dot_product_fused_attention_overrideable")
+    cpu, dev = sdpa_both(q, k, v, dtype, is_causal=causal)
+    for a, c in zip(dev, cpu):
+        close(a, c, dtype, scale=4 if dtype == torch.float32 else 2)
+    assert native_calls("aten::_scaled_dot_product_fused_attention_overrideable") == before + 1
+
+
+@pytest.mark.parametrize("mask_shape", [(20, 30), (2, 1, 20, 30), (1, 30), (2, 3, 20, 30)])
+@pytest.mark.parametrize("kind", ["float", "bool"])
+def test_sdpa_masks(mask_shape, kind):
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, 3, 20, 16), torch.randn(2, 3, 30, 16), torch.randn(2, 3, 30, 16)
+    if kind == "bool":
+        mask = torch.rand(mask_shape) > 0.3
+        mask[..., 0] = True  # no fully masked rows here (see the next test)
+    else:
+        mask = torch.randn(mask_shape)
+    cpu, dev = sdpa_both(q, k, v, torch.float32, attn_mask=mask, scale=0.3)
+    for a, c in zip(dev, cpu):
+        close(a, c, torch.float32, scale=4)
+
+
+def test_sdpa_fully_masked_rows_are_zero_like_cpu():
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    mask[1] = False
+    cpu, dev = sdpa_both(q, k, v, torch.float32, attn_mask=mask)
+    for a, c in zip(dev, cpu):
+        close(a, c, torch.float32, scale=4)
+
+
+def test_sdpa_noncontiguous_inputs():
+    # the usual [B, L, H, E] -> transpose(1, 2) layout of attention modules
+    q, k, v = (torch.randn(2, 24, 4, 16).transpose(1, 2) for _ in range(3))
+    cpu, dev = sdpa_both(q, k, v, torch.float32, is_causal=True)
+    for a, c in zip(dev, cpu):
+        close(a, c, torch.float32, scale=4)
+
+
+def test_sdpa_unsupported_cases_take_the_math_path():
+    torch.manual_seed(0)
+    name = "aten::_scaled_dot_product_fused_attention_overrideable"
+    before = native_calls(name)
+    # GQA
+    q, k, v = torch.randn(2, 4, 10, 8), torch.randn(2, 2, 10, 8), torch.randn(2, 2, 10, 8)
+    cpu, dev = sdpa_both(q, k, v, torch.float32, enable_gqa=True)
+    for a, c in zip(dev, cpu):
+        close(a, c, torch.float32, scale=4)
+    # 3-d inputs
+    q3 = torch.randn(3, 10, 8)
+    cpu, dev = sdpa_both(q3, q3, q3, torch.float32)
+    for a, c in zip(dev, cpu):
+        close(a, c, torch.float32, scale=4)
+    # dropout: shape and finiteness only (the masks come from different generators)
+    qd = torch.randn(2, 2, 10, 8, device=DEV)
+    out = F.scaled_dot_product_attention(qd, qd, qd, dropout_p=0.5)
+    assert out.shape == qd.shape and torch.isfinite(out.cpu()).all()
+    assert native_calls(name) == before
+
+
+def test_sdpa_switch_off(native_off):
+    q, k, v = (torch.randn(2, 2, 10, 8) for _ in range(3))
+    name = "aten::_scaled_dot_product_fused_attention_overrideable"
+    before = native_calls(name)
+    cpu, dev = sdpa_both(q, k, v, torch.float32, is_causal=True)
+    for a, c in zip(dev, cpu):
+        close(a, c, torch.float32, scale=4)
+    assert native_calls(name) == before
+
+
+def test_sdpa_empty_and_bad_inputs():
+    q = torch.randn(2, 3, 0, 8, device=DEV)
+    k = torch.randn(2, 3, 5, 8, device=DEV)
+    assert F.scaled_dot_product_attention(q, k, k).shape == (2, 3, 0, 8)
+    op = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
+    x3 = torch.randn(2, 3, 8, device=DEV)
+    with pytest.raises(RuntimeError, match="expected 4-d query"):
+        op(x3, x3, x3)
+    x4 = torch.randn(1, 2, 4, 8, device=DEV)
+    with pytest.raises(RuntimeError, match="dropout"):
+        op(x4, x4, x4, dropout_p=0.1)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        op(x4, x4.double().float().half(), x4)
+
+
+# ---- fused Adam / AdamW ----------------------------------------------------------------------
+
+def run_adam(cls, device, dtype, steps=3, **kw):
+    torch.manual_seed(0)
+    shapes = [(7,), (33, 5), (1000,), (1,)]
+    params = [torch.nn.Parameter(torch.randn(s).to(dtype).to(device)) for s in shapes]
+    opt = cls(params, **kw)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen).to(dtype).to(device)
+        opt.step()
+    state = [opt.state[p] for p in params]
+    return [p.detach().cpu() for p in params], [s["exp_avg"].cpu() for s in state], \
+        [s["exp_avg_sq"].cpu() for s in state]
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+@pytest.mark.parametrize("kw", [dict(), dict(weight_decay=0.1), dict(amsgrad=True),
+                                dict(maximize=True, weight_decay=0.05), dict(lr=torch.tensor(0.01))])
+def test_fused_adam_matches_cpu(cls, kw):
+    before = native_calls("aten::_fused_adamw_" if cls is torch.optim.AdamW else "aten::_fused_adam_")
+    ref = run_adam(cls, "cpu", torch.float32, fused=True, **kw)
+    got = run_adam(cls, DEV, torch.float32, fused=True, **kw)
+    for a_list, c_list in zip(got, ref):
+        for a, c in zip(a_list, c_list):
+            torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+    after = native_calls("aten::_fused_adamw_" if cls is torch.optim.AdamW else "aten::_fused_adam_")
+    assert after == before + 3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_adamw_low_precision(dtype):
+    ref = run_adam(torch.optim.AdamW, "cpu", dtype, fused=True, lr=1e-2)
+    got = run_adam(torch.optim.AdamW, DEV, dtype, fused=True, lr=1e-2)
+    for a_list, c_list in zip(got, ref):
+        for a, c in zip(a_list, c_list):
+            torch.testing.assert_close(a, c, **TOL[dtype])
+
+
+def test_fused_adamw_grad_scale_and_found_inf():
+    params = [torch.nn.Parameter(torch.randn(10, device=DEV))]
+    p0 = params[0].detach().cpu().clone()
+    params[0].grad = torch.randn(10, device=DEV)
+    g0 = params[0].grad.cpu().clone()
+    step = torch.zeros((), device=DEV)
+    skip = torch.ones((), device=DEV)
+    torch._fused_adamw_(params, [params[0].grad], [torch.zeros(10, device=DEV)],
+                        [torch.zeros(10, device=DEV)], [], [step + 1], lr=0.1, beta1=0.9,
+                        beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+                        grad_scale=torch.full((), 2.0, device=DEV), found_inf=skip)
+    torch.testing.assert_close(params[0].detach().cpu(), p0)  # found_inf: nothing changes
+    torch.testing.assert_close(params[0].grad.cpu(), g0)
+    torch._fused_adamw_(params, [params[0].grad], [torch.zeros(10, device=DEV)],
+                        [torch.zeros(10, device=DEV)], [], [step + 1], lr=0.1, beta1=0.9,
+                        beta2=0.999, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+                        grad_scale=torch.full((), 2.0, device=DEV), found_inf=skip * 0)
+    torch.testing.assert_close(params[0].grad.cpu(), g0 / 2)  # unscaled in place, as on CPU
+    # first step: p - lr * sign-ish(g) = p - 0.1 * g / (|g| + eps')
+    expect = p0 - 0.1 * (g0 / 2) / ((g0 / 2).abs() + 1e-8)
+    torch.testing.assert_close(params[0].detach().cpu(), expect, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_adamw_noncontiguous_uses_the_fallback():
+    def step(device):
+        torch.manual_seed(0)
+        p = torch.randn(6, 5).to(device).t()  # non-contiguous parameter
+        g = torch.randn(6, 5).to(device).t()
+        m, v = torch.zeros_like(p), torch.zeros_like(p)
+        s = torch.ones((), device=device)
+        torch._fused_adamw_([p], [g], [m], [v], [], [s], lr=0.1, beta1=0.9, beta2=0.999,
+                            weight_decay=0.01, eps=1e-8, amsgrad=False, maximize=False)
+        return p.cpu(), m.cpu(), v.cpu()
+    before = native_calls("aten::_fused_adamw_")
+    for a, c in zip(step(DEV), step("cpu")):
+        torch.testing.assert_close(a, c)
+    assert native_calls("aten::_fused_adamw_") == before
