@@ -25,4 +25,5 @@ PYBIND11_MODULE(_C, m) {
   aten::bind_memory(m);
   aten::bind_random(m);
   aten::bind_ops(m);
+  aten::bind_profiler(m);
 }
