@@ -3,6 +3,7 @@
 # torch.random look it up as getattr(torch, "neuron"). Pieces: device.py (selection, lazy init),
 # streams.py, memory.py, random.py. Registration itself is in openneuron/__init__.py.
 from . import _utils as _utils
+from . import profiler as profiler
 from .device import _get_device_index as _get_device_index
 from .device import _is_in_bad_fork as _is_in_bad_fork
 from .device import _lazy_call as _lazy_call
