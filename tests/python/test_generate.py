@@ -81,3 +81,21 @@ def test_greedy_generate_left_padded_batch_matches_cpu(device, name):
     # Padding really is masked: the short prompt alone continues the same way.
     alone = _generate(neuron_model, device, input_ids=ids[1:, 3:])
     assert torch.equal(alone[0, 5:], got[1, 8:]), (alone.tolist(), got.tolist())
+
+
+def test_greedy_generate_static_cache_matches_cpu(device):
+    # A static (compileable) KV cache makes transformers compile the decoding step with
+    # torch.compile(backend="neuron") (openneuron/_dynamo.py); tokens must still be CPU's.
+    cpu_model = _model("llama")
+    neuron_model = copy.deepcopy(cpu_model).to(device)
+    prompt = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
+    ref = _generate(cpu_model, "cpu", input_ids=prompt)
+    openneuron.ops_report(print_table=False, reset=True)
+    inputs = {"input_ids": prompt.to(device)}
+    with torch.no_grad():
+        got = neuron_model.generate(**inputs, do_sample=False, max_new_tokens=NEW_TOKENS,
+                                    min_new_tokens=NEW_TOKENS, pad_token_id=PAD,
+                                    cache_implementation="static").cpu()
+    assert torch.equal(got, ref), f"neuron {got.tolist()} vs cpu {ref.tolist()}"
+    assert hasattr(neuron_model, "_compiled_call")  # the compiled decoding step really ran
+    assert _fallback_and_sync_ops() == set()

@@ -60,3 +60,28 @@ def test_histc_float_is_asynchronous_and_matches_cpu(device, lo, hi):
     got = torch.histc(x.to(device), bins=9, min=lo, max=hi)
     assert _paths("aten::histc") == {"async"}
     assert torch.equal(got.cpu(), torch.histc(x, bins=9, min=lo, max=hi))
+
+
+def test_compile_backend_neuron_is_registered_and_matches_eager(device):
+    # Fix: transformers' generate() with a static KV cache compiles the decoding step with
+    # torch.compile(backend=model.device.type), i.e. "neuron", which did not exist ("Invalid
+    # backend: 'neuron'"). The backend comes from the torch_dynamo_backends entry point.
+    import torch._dynamo
+
+    assert "neuron" in torch._dynamo.list_backends(exclude_tags=())
+
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w).softmax(-1).sum(0)
+
+    g = torch.Generator().manual_seed(0)
+    x0, w0 = torch.randn(6, 8, generator=g), torch.randn(8, 5, generator=g)
+    x = x0.to(device).requires_grad_()
+    xe = x0.to(device).requires_grad_()
+    out = torch.compile(f, backend="neuron", mode="reduce-overhead")(x, w0.to(device))
+    ref = f(xe, w0.to(device))
+    out.sum().backward()
+    ref.sum().backward()
+    assert out.device == device
+    torch.testing.assert_close(out.cpu(), ref.cpu(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x.grad.cpu(), xe.grad.cpu(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ref.cpu(), f(x0, w0), rtol=1e-5, atol=1e-6)
