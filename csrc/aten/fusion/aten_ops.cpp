@@ -9,13 +9,14 @@
 //     wrap like ATen; integer true division promotes to float first, as ATen.
 //   add/sub with alpha != 1: NOT fused (ATen uses fma in the vector path and a*b+c in the
 //     scalar tail, so eager itself depends on the element's position).
-//   bf16/fp16 add/sub/mul/div with a scalar second operand: computed in float with the
-//     scalar's float value, rounded once (ATen's binary_op_scalar); a scalar FIRST operand in
-//     bf16/fp16: not fused.
-//   tanh exp log cos sqrt rsqrt reciprocal (f32, bf16, f16) and erf (f32 only): ATen's own
+//   bf16/fp16 mul/div with a scalar second operand: computed in float with the scalar's float
+//     value, rounded once (ATen's binary_op_scalar); add/sub round the scalar to bf16/fp16
+//     first (measured); a scalar FIRST operand in bf16/fp16 arithmetic: not fused.
+//   tanh exp log cos sqrt reciprocal (f32, bf16, f16), rsqrt and erf (f32 only): ATen's own
 //     float kernels run as the IR's math hooks (math_hooks.cpp); eager's results for these do
 //     not depend on position or layout (vml::v* with vector tails), and eager bf16/f16 equals
-//     float-then-round for all 65536 inputs (bf16/fp16 erf does not: not fused in bf16/fp16).
+//     float-then-round for all 65536 inputs (bf16/fp16 erf does not; bf16/fp16 rsqrt rounds
+//     sqrt first in its scalar tail, so eager depends on position: neither fused there).
 //   pow(x, 2) / pow(x, 3): ATen multiplies (x*x, x*x*x, each product rounded) for f32, f64,
 //     bf16; fp16 pow calls std::pow: not fused.
 //   NOT fused: sigmoid, silu, gelu, log1p (scalar tails: eager differs by position),
@@ -72,7 +73,7 @@ const Spec kSpecs[] = {
     {"aten::abs.out", Fn::kAbs, 1, -1, -1, false, kNumeric, Result::kCompute},
     {"aten::reciprocal.out", Fn::kReciprocal, 1, -1, -1, false, kHooked, Result::kCompute},
     {"aten::sqrt.out", Fn::kSqrt, 1, -1, -1, false, kHooked, Result::kCompute},
-    {"aten::rsqrt.out", Fn::kRsqrt, 1, -1, -1, false, kHooked, Result::kCompute},
+    {"aten::rsqrt.out", Fn::kRsqrt, 1, -1, -1, false, kF32, Result::kCompute},
     {"aten::exp.out", Fn::kExp, 1, -1, -1, false, kHooked, Result::kCompute},
     {"aten::log.out", Fn::kLog, 1, -1, -1, false, kHooked, Result::kCompute},
     {"aten::cos.out", Fn::kCos, 1, -1, -1, false, kHooked, Result::kCompute},
@@ -257,7 +258,7 @@ bool try_record_boxed(const c10::OperatorHandle& op, OpInfo& info, torch::jit::S
   if ((mask_of(ct) & spec->dtypes) == 0) return decline();
   if (is_reduced(ct) && spec->nin == 2 && spec->result != Result::kBool) {
     if (scalar[0]) return decline();
-    r.scalar_opmath = scalar[1];
+    r.scalar_opmath = scalar[1] && (r.fn == Fn::kMul || r.fn == Fn::kDiv);
   }
   r.compute = ct;
   const c10::ScalarType rt = spec->result == Result::kBool ? c10::ScalarType::Bool : ct;
@@ -306,7 +307,7 @@ bool try_record_binary(Fn fn, const char* name, const at::Tensor& out, const at:
   if ((mask_of(ct) & kNumeric) == 0) return false;
   if (other.device().is_cpu()) {
     if (!scalar_of(other, &r.args[1].scalar)) return false;
-    r.scalar_opmath = is_reduced(ct);
+    r.scalar_opmath = is_reduced(ct) && (fn == Fn::kMul || fn == Fn::kDiv);
   } else {
     r.args[1].tensor = &other;
   }
