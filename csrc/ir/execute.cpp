@@ -805,7 +805,10 @@ void fill_constant(const Node& n, void* dst) {
 
 // --- the iteration space --------------------------------------------------------------------
 
-constexpr int64_t kSlotBytes = kChunkElems * 8;
+// NOTE: slot buffers are 8 KiB + 5 cache lines apart: at a multiple of 4 KiB every buffer
+// would alias the others in the low address bits and loads would stall on unrelated stores
+// (4K aliasing), costing ~2x on op chains.
+constexpr int64_t kSlotBytes = kChunkElems * 8 + 320;
 
 int64_t kind_bytes(Kind k) {
   return k == Kind::kF32 || k == Kind::kI32 ? 4 : k == Kind::kB8 ? 1 : 8;
