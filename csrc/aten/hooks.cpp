@@ -52,9 +52,13 @@ class NeuronHooks final : public at::PrivateUse1HooksInterface {
     return default_generator(device);
   }
 
+  // NOTE: an index past the device count is refused, as torch.Generator(device="cuda:9") is.
   at::Generator getNewGenerator(c10::DeviceIndex device) const override {
-    return at::make_generator<NeuronGenerator>(
-        with_torch_errors([&] { return resolve_device(device); }));
+    return at::make_generator<NeuronGenerator>(with_torch_errors([&] {
+      c10::DeviceIndex idx = resolve_device(device);
+      runtime::device_check(idx);
+      return idx;
+    }));
   }
 
   at::Device getDeviceFromPtr(void* data) const override {
