@@ -108,9 +108,8 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
     processTrace(logger, nullptr, 0, 0);
   }
 
-  void processTrace(libkineto::ActivityLogger& logger,
-                    libkineto::getLinkedActivityCallback linked, int64_t window_start,
-                    int64_t window_end) override {
+  void processTrace(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback linked,
+                    int64_t window_start, int64_t window_end) override {
     buffer_ = std::make_unique<libkineto::CpuTraceBuffer>();
     buffer_->span = libkineto::TraceSpan(start_ns_, end_ns_, "neuron");
     buffer_->gpuOpCount = 0;
@@ -162,8 +161,8 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
   std::vector<libkineto::ResourceInfo> getResourceInfos() override {
     std::vector<libkineto::ResourceInfo> out;
     for (const auto& [device, stream] : rows_) {
-      out.push_back(libkineto::ResourceInfo{stream, stream, device,
-                                            stream_row_name(device, stream)});
+      out.push_back(
+          libkineto::ResourceInfo{stream, stream, device, stream_row_name(device, stream)});
     }
     return out;
   }
@@ -212,8 +211,8 @@ class NeuronActivityProfiler final : public libkineto::IActivityProfiler {
 
  private:
   const std::string name_ = "neuron";
-  const std::set<libkineto::ActivityType> activities_ = {
-      libkineto::ActivityType::CONCURRENT_KERNEL, libkineto::ActivityType::GPU_MEMCPY};
+  const std::set<libkineto::ActivityType> activities_ = {libkineto::ActivityType::CONCURRENT_KERNEL,
+                                                         libkineto::ActivityType::GPU_MEMCPY};
 };
 
 REGISTER_PRIVATEUSE1_PROFILER(NeuronActivityProfiler);
@@ -277,17 +276,16 @@ RegisterStubs register_stubs;
 }  // namespace
 
 void bind_profiler(py::module_& m) {
-  m.def("_profiler_trace_size", [] { return trace::size(); },
-        "Device trace records held now (0 when no profiling session is active).");
-  m.def("_profiler_trace_dropped", [] { return trace::dropped(); },
-        "Device trace records dropped since the outermost session began (buffer full).");
-  m.def("_profiler_sessions", [] { return trace::sessions(); },
-        "Active device trace sessions.");
+  m.def(
+      "_profiler_trace_size", [] { return trace::size(); },
+      "Device trace records held now (0 when no profiling session is active).");
+  m.def(
+      "_profiler_trace_dropped", [] { return trace::dropped(); },
+      "Device trace records dropped since the outermost session began (buffer full).");
+  m.def("_profiler_sessions", [] { return trace::sessions(); }, "Active device trace sessions.");
   m.def(
       "_profiler_kineto_registered",
-      [] {
-        return torch::profiler::impl::PrivateUse1ProfilerRegistry::instance().hasFactory();
-      },
+      [] { return torch::profiler::impl::PrivateUse1ProfilerRegistry::instance().hasFactory(); },
       "True when the neuron activity profiler is registered with PyTorch's kineto.");
 }
 

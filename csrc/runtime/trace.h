@@ -15,7 +15,7 @@
 namespace openneuron::runtime::trace {
 
 struct Record {
-  const char* name = "";  // Work::name (static storage)
+  const char* name = "";     // Work::name (static storage)
   uint64_t correlation = 0;  // host op's profiler correlation id; 0 = unknown
   uint64_t seq = 0;          // Work::seq
   int64_t start_ns = 0;      // now_ns() when the executor started the item

@@ -135,9 +135,8 @@ TEST(Trace, ManyExecutorsAndProducersAtOnce) {
     ++per_stream[r.stream];
   }
   for (int n : per_stream) EXPECT_EQ(n, kItems);
-  EXPECT_TRUE(std::is_sorted(recs.begin(), recs.end(), [](const auto& a, const auto& b) {
-    return a.start_ns < b.start_ns;
-  }));
+  EXPECT_TRUE(std::is_sorted(recs.begin(), recs.end(),
+                             [](const auto& a, const auto& b) { return a.start_ns < b.start_ns; }));
 }
 
 TEST(Trace, NestedSessionsSeeTheirOwnWindow) {
