@@ -150,15 +150,17 @@ def non_async_ops() -> dict[str, set[str]]:
 ALL_MODELS = list(_MODEL_CLASS)
 
 
-@pytest.mark.parametrize("name", ALL_MODELS)
-def test_float32_train_step_matches_cpu(device, name):
+def _check_float32_step(device, name, fusion: bool):
     cpu_model = build_model(name)
     neuron_model = copy.deepcopy(cpu_model).to(device)
     batch = make_batch(name)
     ref = train_step(cpu_model, batch, torch.device("cpu"))
     openneuron.ops_report(print_table=False, reset=True)
-    got = train_step(neuron_model, batch, device)
+    torch.neuron.reset_fusion_stats()
+    with torch.neuron.fusion_enabled(fusion):
+        got = train_step(neuron_model, batch, device)
     waits = non_async_ops()
+    assert (torch.neuron.fusion_stats()["ops_fused"] > 0) == fusion
 
     loss, logits, grads, params = got
     torch.testing.assert_close(loss, ref[0], **LOSS_TOL)
@@ -171,6 +173,18 @@ def test_float32_train_step_matches_cpu(device, name):
     assert waits["fallback"] == set(), f"synchronous fallbacks in a {name} step: {waits}"
     assert waits["sync"] == set(JUSTIFIED_SYNC[name]), (
         f"{name}: sync ops {sorted(waits['sync'])}, justified {sorted(JUSTIFIED_SYNC[name])}")
+
+
+@pytest.mark.parametrize("name", ALL_MODELS)
+def test_float32_train_step_matches_cpu(device, name):
+    _check_float32_step(device, name, fusion=False)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "mixtral"])
+def test_float32_train_step_matches_cpu_adaptive_eager(device, name):
+    # Adaptive eager (TORCH_NEURONX_ENABLE_CONCATENATION=1 / torch.neuron.fusion_enabled) fuses
+    # queued pointwise ops into IR kernels; the step must still match CPU to the same tolerances.
+    _check_float32_step(device, name, fusion=True)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "t5", "mixtral", "qwen3_moe"])
