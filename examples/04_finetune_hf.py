@@ -21,9 +21,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach for the hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
+import torch
+import transformers
+from transformers.utils import logging as hf_logging
 
 DATA_FILE = Path(__file__).resolve().parent / "data" / "tiny_tales.txt"
 
@@ -64,7 +64,7 @@ class ByteTokenizer:
 
 
 def build_model(args, tok: ByteTokenizer) -> transformers.PreTrainedModel:
-    special = dict(pad_token_id=tok.pad_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id)
+    special = {"pad_token_id": tok.pad_id, "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
     if args.model == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=tok.vocab_size, n_positions=args.seq_len,
                                       n_embd=args.hidden, n_layer=args.layers, n_head=4,

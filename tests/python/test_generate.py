@@ -7,11 +7,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tiny configs only: never reach for the hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import openneuron  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
+import pytest
+import torch
+import transformers
+from transformers.utils import logging as hf_logging
+
+import openneuron
 
 hf_logging.set_verbosity_error()
 
@@ -27,9 +28,9 @@ def _model(name: str) -> torch.nn.Module:
                                       n_head=4, initializer_range=0.2, pad_token_id=PAD,
                                       bos_token_id=1, eos_token_id=2)
         return transformers.GPT2LMHeadModel(cfg).eval()
-    kw = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-              initializer_range=0.2, pad_token_id=PAD, bos_token_id=1, eos_token_id=2)
+    kw = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+              "initializer_range": 0.2, "pad_token_id": PAD, "bos_token_id": 1, "eos_token_id": 2}
     if name == "llama":
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw)).eval()
     if name == "mixtral":

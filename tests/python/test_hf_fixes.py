@@ -1,9 +1,10 @@
 # Regression tests for backend fixes found by running Hugging Face models on neuron
 # (tests/python/test_hf_models.py, test_generate.py). Each test names the fix it guards; the
 # reference is CPU PyTorch, or CUDA's documented semantics where ATen's CPU kernel lacks a dtype.
-import openneuron
 import pytest
 import torch
+
+import openneuron
 
 
 def _paths(op: str) -> set[str]:

@@ -11,11 +11,12 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tiny configs only: never reach for the hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import openneuron  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
+import pytest
+import torch
+import transformers
+from transformers.utils import logging as hf_logging
+
+import openneuron
 
 hf_logging.set_verbosity_error()  # tiny vocabularies make transformers warn about special ids
 
@@ -24,14 +25,14 @@ LR = 1e-3
 
 # float32 tolerances. Both devices run the same ATen CPU math; they may differ only in rounding
 # order (reduction splits, GEMM blocking), i.e. a few float32 ulps per op.
-LOGITS_TOL = dict(rtol=1e-5, atol=1e-5)
-LOSS_TOL = dict(rtol=1e-6, atol=1e-6)
-GRAD_TOL = dict(rtol=1e-4, atol=1e-6)
+LOGITS_TOL = {"rtol": 1e-5, "atol": 1e-5}
+LOSS_TOL = {"rtol": 1e-6, "atol": 1e-6}
+GRAD_TOL = {"rtol": 1e-4, "atol": 1e-6}
 # AdamW's first step moves each weight by about lr * g / (|g| + eps): a gradient at float32
 # noise level (|g| ~ 1e-9, e.g. a weight that barely influences the loss) turns an ulp-level
 # difference into a visible fraction of lr (up to 0.6% of lr seen). Updated parameters are
 # compared to 2% of lr.
-PARAM_TOL = dict(rtol=0.0, atol=2e-2 * LR)
+PARAM_TOL = {"rtol": 0.0, "atol": 2e-2 * LR}
 # bf16 autocast: neuron follows CUDA's autocast op lists, the CPU its own (e.g. CPU autocast
 # keeps some ops in float32 that CUDA's lists run in bf16), so the two losses are two different
 # bf16 computations; with losses ~ln(VOCAB) = 4.85 they agree to well within 2e-2 (0.4%).
@@ -60,7 +61,7 @@ JUSTIFIED_SYNC: dict[str, dict[str, str]] = {
 
 
 def _tiny_config(name: str):
-    common = dict(vocab_size=VOCAB, max_position_embeddings=32)
+    common = {"vocab_size": VOCAB, "max_position_embeddings": 32}
     llama_like = dict(common, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2)
     if name == "gpt2":
@@ -113,7 +114,7 @@ def make_batch(name: str, seed: int = 1) -> dict[str, torch.Tensor]:
         dec = torch.randint(1, VOCAB, (BATCH, SEQ - 4), generator=g)
         mask = torch.ones(BATCH, SEQ, dtype=torch.long)
         mask[1, -3:] = 0  # the second encoder sequence is right-padded
-        return dict(input_ids=ids, attention_mask=mask, labels=dec)
+        return {"input_ids": ids, "attention_mask": mask, "labels": dec}
     if name == "bert":
         mask = torch.ones(BATCH, SEQ, dtype=torch.long)
         mask[1, -4:] = 0
@@ -121,8 +122,8 @@ def make_batch(name: str, seed: int = 1) -> dict[str, torch.Tensor]:
         labels[:, 2::3] = ids[:, 2::3]  # predict every third token ...
         ids = ids.clone()
         ids[:, 2::3] = 0  # ... from a [MASK]-like token 0
-        return dict(input_ids=ids, attention_mask=mask, labels=labels)
-    return dict(input_ids=ids, labels=ids)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    return {"input_ids": ids, "labels": ids}
 
 
 def train_step(model, batch, device, autocast_dtype=None):
@@ -167,9 +168,9 @@ def _check_float32_step(device, name, fusion: bool):
     torch.testing.assert_close(logits, ref[1], **LOGITS_TOL)
     assert grads.keys() == ref[2].keys() and len(grads) == len(ref[3])
     for n in grads:
-        torch.testing.assert_close(grads[n], ref[2][n], **GRAD_TOL, msg=lambda m: f"{n}: {m}")
+        torch.testing.assert_close(grads[n], ref[2][n], **GRAD_TOL, msg=lambda m, n=n: f"{n}: {m}")
     for n in params:
-        torch.testing.assert_close(params[n], ref[3][n], **PARAM_TOL, msg=lambda m: f"{n}: {m}")
+        torch.testing.assert_close(params[n], ref[3][n], **PARAM_TOL, msg=lambda m, n=n: f"{n}: {m}")
     assert waits["fallback"] == set(), f"synchronous fallbacks in a {name} step: {waits}"
     assert waits["sync"] == set(JUSTIFIED_SYNC[name]), (
         f"{name}: sync ops {sorted(waits['sync'])}, justified {sorted(JUSTIFIED_SYNC[name])}")
@@ -194,7 +195,7 @@ def test_bf16_autocast_train_step_matches_cpu(device, name):
     batch = make_batch(name)
     ref_loss, _, _, _ = train_step(cpu_model, batch, torch.device("cpu"), torch.bfloat16)
     openneuron.ops_report(print_table=False, reset=True)
-    loss, logits, grads, params = train_step(neuron_model, batch, device, torch.bfloat16)
+    loss, _logits, grads, params = train_step(neuron_model, batch, device, torch.bfloat16)
     waits = non_async_ops()
     assert abs(loss.item() - ref_loss.item()) <= BF16_LOSS_ATOL, (loss.item(), ref_loss.item())
     assert all(torch.isfinite(g).all() for g in grads.values())
@@ -226,17 +227,29 @@ def test_dropout_on_runs_and_is_reproducible(device):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def test_gradient_checkpointing_gives_same_grads(device):
-    # HF activation checkpointing (torch.utils.checkpoint, non-reentrant) recomputes each layer
-    # in backward; on neuron it must give the gradients of the plain run.
-    model = build_model("llama").to(device)
-    batch = {k: v.to(device) for k, v in make_batch("llama").items()}
-    model(**batch).loss.backward()
-    plain = {n: p.grad.cpu() for n, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_gradient_checkpointing_with_dropout_gives_same_grads(device, use_reentrant):
+    # HF activation checkpointing (torch.utils.checkpoint) recomputes each layer in backward; the
+    # neuron RNG state is saved and restored around the recompute, so with dropout on, the same
+    # seed gives exactly the loss and gradients of the run that kept its activations.
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2,
+                                     n_head=4, resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3)
+    model = build_model("gpt2", config=config).to(device)
+    batch = {k: v.to(device) for k, v in make_batch("gpt2").items()}
+
+    def run():
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(7)
+        loss = model(**batch).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.cpu() for n, p in model.named_parameters()}
+
+    plain_loss, plain = run()
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
     openneuron.ops_report(print_table=False, reset=True)
-    model(**batch).loss.backward()
+    loss, grads = run()
     assert non_async_ops() == {"sync": set(), "fallback": set()}
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad.cpu(), plain[n], rtol=0, atol=0, msg=n)
+    assert loss == plain_loss
+    for n, g in grads.items():
+        torch.testing.assert_close(g, plain[n], rtol=0, atol=0, msg=n)
