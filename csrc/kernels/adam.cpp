@@ -1,7 +1,3 @@
-// NOTE: FP exceptions are never inspected: without trapping math GCC if-converts the selects
-// of exp_f32 and the max reductions, so those loops vectorize. Results are unchanged.
-#pragma GCC optimize("no-trapping-math")
-
 #include "kernels/adam.h"
 
 #include <algorithm>
@@ -18,28 +14,28 @@ constexpr int64_t kChunk = 32768;
 struct Coeffs {
   float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, decay_mul, weight_decay, eps;
   float step_size, bc2_sqrt;
-  float inv_scale;
+  float grad_scale, sign;
 };
 
-template <class D>
-OPENNEURON_INLINE void step_range(const AdamConfig& c, const Coeffs& k, const AdamTensor& t,
-                                  int64_t begin, int64_t end) {
+// The flags are template parameters so the element loop has no branches (it vectorizes).
+template <class D, bool kScaled, bool kAmsgrad, bool kAdamW>
+OPENNEURON_INLINE void step_range(const Coeffs& k, const AdamTensor& t, int64_t begin,
+                                  int64_t end) {
   using T = typename D::T;
   T* p = static_cast<T*>(t.param);
   T* g = static_cast<T*>(t.grad);
   T* m = static_cast<T*>(t.exp_avg);
   T* v = static_cast<T*>(t.exp_avg_sq);
   T* vmax = static_cast<T*>(t.max_exp_avg_sq);
-  const bool scaled = c.grad_scale != nullptr;
   for (int64_t i = begin; i < end; ++i) {
     float gi = D::load(g[i]);
-    if (scaled) {
-      gi = gi * k.inv_scale;
+    if constexpr (kScaled) {
+      gi = gi / k.grad_scale;
       g[i] = D::store(gi);
     }
-    if (c.maximize) gi = -gi;
+    gi = gi * k.sign;  // -1 when maximizing (exact)
     float pi = D::load(p[i]);
-    if (c.adamw) {
+    if constexpr (kAdamW) {
       pi = pi * k.decay_mul;
     } else {
       gi = gi + pi * k.weight_decay;
@@ -49,8 +45,9 @@ OPENNEURON_INLINE void step_range(const AdamConfig& c, const Coeffs& k, const Ad
     float vi = D::load(v[i]) * k.beta2 + k.one_minus_beta2 * gi * gi;
     m[i] = D::store(mi);
     v[i] = D::store(vi);
-    if (c.amsgrad) {
-      const float vm = std::max(D::load(vmax[i]), vi);
+    if constexpr (kAmsgrad) {
+      const float old = D::load(vmax[i]);
+      const float vm = old > vi ? old : vi;
       vmax[i] = D::store(vm);
       vi = vm;
     }
@@ -60,18 +57,34 @@ OPENNEURON_INLINE void step_range(const AdamConfig& c, const Coeffs& k, const Ad
   }
 }
 
+template <class D>
+OPENNEURON_INLINE void step_flags(const AdamConfig& c, const Coeffs& k, const AdamTensor& t,
+                                  int64_t begin, int64_t end) {
+  const int flags = (c.grad_scale ? 4 : 0) | (c.amsgrad ? 2 : 0) | (c.adamw ? 1 : 0);
+  switch (flags) {
+    case 0: step_range<D, false, false, false>(k, t, begin, end); break;
+    case 1: step_range<D, false, false, true>(k, t, begin, end); break;
+    case 2: step_range<D, false, true, false>(k, t, begin, end); break;
+    case 3: step_range<D, false, true, true>(k, t, begin, end); break;
+    case 4: step_range<D, true, false, false>(k, t, begin, end); break;
+    case 5: step_range<D, true, false, true>(k, t, begin, end); break;
+    case 6: step_range<D, true, true, false>(k, t, begin, end); break;
+    default: step_range<D, true, true, true>(k, t, begin, end); break;
+  }
+}
+
 OPENNEURON_KERNEL_TARGETS
 void step_chunk(const AdamConfig& c, const Coeffs& k, const AdamTensor& t, int64_t begin,
                 int64_t end) {
   switch (c.dtype) {
     case DType::F32:
-      step_range<F32>(c, k, t, begin, end);
+      step_flags<F32>(c, k, t, begin, end);
       break;
     case DType::BF16:
-      step_range<BF16>(c, k, t, begin, end);
+      step_flags<BF16>(c, k, t, begin, end);
       break;
     case DType::F16:
-      step_range<F16>(c, k, t, begin, end);
+      step_flags<F16>(c, k, t, begin, end);
       break;
   }
 }
@@ -102,7 +115,8 @@ void adam_step(const AdamConfig& c, const AdamTensor* tensors, size_t count) {
     k.eps = static_cast<float>(c.eps);
     k.step_size = static_cast<float>(lr / bc1);
     k.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    k.inv_scale = c.grad_scale ? 1.0f / *c.grad_scale : 1.0f;
+    k.grad_scale = c.grad_scale ? *c.grad_scale : 1.0f;
+    k.sign = c.maximize ? -1.0f : 1.0f;
     for (int64_t b = 0; b < tensors[i].numel; b += kChunk)
       chunks.push_back({i, b, std::min(tensors[i].numel, b + kChunk)});
   }

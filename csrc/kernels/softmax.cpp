@@ -1,9 +1,6 @@
-// NOTE: FP exceptions are never inspected: without trapping math GCC if-converts the selects
-// of exp_f32 and the max reductions, so those loops vectorize. Results are unchanged.
-#pragma GCC optimize("no-trapping-math")
-
 #include "kernels/softmax.h"
 
+#include <type_traits>
 #include <vector>
 
 #include "runtime/parallel.h"
@@ -18,16 +15,21 @@ OPENNEURON_INLINE void forward_rows(const void* xv, void* yv, int64_t begin, int
   for (int64_t r = begin; r < end; ++r) {
     const T* x = static_cast<const T*>(xv) + r * n;
     T* y = static_cast<T*>(yv) + r * n;
-    for (int64_t j = 0; j < n; ++j) t[j] = D::load(x[j]);
-    const float m = max_f32(t, n);
-    if (log) {
-      for (int64_t j = 0; j < n; ++j) e[j] = exp_f32(t[j] - m);
-      const float ls = std::log(sum_f32(e, n));
-      for (int64_t j = 0; j < n; ++j) y[j] = D::store((t[j] - m) - ls);
+    const float* xf = t;
+    if constexpr (std::is_same_v<D, F32>) {
+      xf = x;  // float input: no staging copy
     } else {
-      for (int64_t j = 0; j < n; ++j) t[j] = exp_f32(t[j] - m);
-      const float inv = 1.0f / sum_f32(t, n);
-      for (int64_t j = 0; j < n; ++j) y[j] = D::store(t[j] * inv);
+      for (int64_t j = 0; j < n; ++j) t[j] = D::load(x[j]);
+    }
+    const float m = max_f32(xf, n);
+    for (int64_t j = 0; j < n; ++j) e[j] = exp_f32(xf[j] - m);
+    const float sum = sum_f32(e, n);
+    if (log) {
+      const float ls = std::log(sum);
+      for (int64_t j = 0; j < n; ++j) y[j] = D::store((xf[j] - m) - ls);
+    } else {
+      const float inv = 1.0f / sum;
+      for (int64_t j = 0; j < n; ++j) y[j] = D::store(e[j] * inv);
     }
   }
 }

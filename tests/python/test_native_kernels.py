@@ -192,13 +192,40 @@ def test_sdpa_masks(mask_shape, kind):
         close(a, c, torch.float32, scale=4)
 
 
-def test_sdpa_fully_masked_rows_are_zero_like_cpu():
-    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
-    mask = torch.ones(4, 4, dtype=torch.bool)
-    mask[1] = False
-    cpu, dev = sdpa_both(q, k, v, torch.float32, attn_mask=mask)
+@pytest.fixture
+def hand_sdpa():
+    previous = torch.ops.openneuron._sdpa_kernel("hand")
+    yield
+    torch.ops.openneuron._sdpa_kernel(previous)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["causal", "float_mask", "bool_mask", "plain"])
+def test_sdpa_hand_written_kernel(hand_sdpa, dtype, case):
+    """The hand-written kernel (used where ATen's CPU flash kernel cannot run: value head size
+    != query head size; selectable with torch.ops.openneuron._sdpa_kernel("hand"))."""
+    torch.manual_seed(2)
+    q, k, v = torch.randn(2, 3, 33, 16), torch.randn(2, 3, 40, 16), torch.randn(2, 3, 40, 16)
+    kw = {"causal": dict(is_causal=True), "plain": dict(scale=0.5),
+          "float_mask": dict(attn_mask=torch.randn(2, 1, 33, 40)),
+          "bool_mask": dict(attn_mask=torch.rand(33, 40) > 0.5)}[case]
+    cpu, dev = sdpa_both(q, k, v, dtype, **kw)
     for a, c in zip(dev, cpu):
-        close(a, c, torch.float32, scale=4)
+        close(a, c, dtype, scale=4 if dtype == torch.float32 else 2)
+
+
+@pytest.mark.parametrize("kernel", ["aten_flash", "hand"])
+def test_sdpa_fully_masked_rows_are_zero_like_cpu(kernel):
+    previous = torch.ops.openneuron._sdpa_kernel(kernel)
+    try:
+        q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+        mask = torch.ones(4, 4, dtype=torch.bool)
+        mask[1] = False
+        cpu, dev = sdpa_both(q, k, v, torch.float32, attn_mask=mask)
+        for a, c in zip(dev, cpu):
+            close(a, c, torch.float32, scale=4)
+    finally:
+        torch.ops.openneuron._sdpa_kernel(previous)
 
 
 def test_sdpa_noncontiguous_inputs():

@@ -10,7 +10,9 @@
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
+#include <string>
 
 #include "aten/ops/native_kernels.h"
 #include "kernels/attention.h"
@@ -131,6 +133,31 @@ kernels::AttentionArgs make_args(const at::Tensor& q, const at::Tensor& k, const
   return a;
 }
 
+// Which kernel runs the overrideable SDPA ops: the hand-written one (csrc/kernels/attention.h)
+// or ATen's CPU flash-attention kernel on host views of the device buffers (one work item
+// through the asynchronous ATen path; bitwise the CPU eager result).
+// torch.ops.openneuron._sdpa_kernel("hand" | "aten_flash") switches (benchmarks/kernels.py).
+std::atomic<bool> g_use_aten_flash{true};
+
+std::string set_sdpa_kernel(const std::string& which) {
+  const bool was = g_use_aten_flash.load();
+  if (which == "hand") {
+    g_use_aten_flash = false;
+  } else if (which == "aten_flash") {
+    g_use_aten_flash = true;
+  } else {
+    TORCH_CHECK(which.empty(), "openneuron::_sdpa_kernel: expected \"hand\" or \"aten_flash\", got \"",
+                which, "\"");
+  }
+  return was ? "aten_flash" : "hand";
+}
+
+// ATen's CPU flash kernel needs one head size for q, k and v; the hand-written kernel takes
+// any value head size.
+bool use_aten_flash(const at::Tensor& q, const at::Tensor& v) {
+  return g_use_aten_flash.load(std::memory_order_relaxed) && q.size(3) == v.size(3);
+}
+
 SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                         const std::optional<at::Tensor>& attn_bias, double dropout_p,
                         bool is_causal, bool return_debug_mask, std::optional<double> scale) {
@@ -141,6 +168,17 @@ SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at
   const at::Tensor q = last_dim_contiguous(query), k = last_dim_contiguous(key),
                    v = last_dim_contiguous(value);
   const at::Tensor mask = additive_mask(attn_bias.value_or(at::Tensor()), q);
+  if (use_aten_flash(q, v)) {
+    static const c10::OperatorHandle op =
+        find_op("aten::_scaled_dot_product_flash_attention_for_cpu", "");
+    auto [out, lse] = boxed_fallback<std::tuple<at::Tensor, at::Tensor>>(
+        op, q, k, v, 0.0, is_causal, mask.defined() ? std::optional<at::Tensor>(mask)
+                                                    : std::optional<at::Tensor>(),
+        scale);
+    info.native_calls.fetch_add(1, std::memory_order_relaxed);
+    return {out, lse, at::Tensor(), at::Tensor(), c10::SymInt(q.size(2)), c10::SymInt(k.size(2)),
+            at::empty({}, at::dtype(at::kLong)), at::empty({}, at::dtype(at::kLong)), at::Tensor()};
+  }
   const kernels::AttentionArgs a = make_args(q, k, v, mask, is_causal, scale);
   at::Tensor out = empty_on({a.B, a.H, a.L, a.Ev}, q.scalar_type(), q.device());
   at::Tensor lse = empty_on({a.B, a.H, a.L}, c10::ScalarType::Float, q.device());
@@ -176,6 +214,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   const at::Tensor q = last_dim_contiguous(query), k = last_dim_contiguous(key),
                    v = last_dim_contiguous(value);
   const at::Tensor mask = additive_mask(attn_bias, q);
+  if (use_aten_flash(q, v)) {
+    static const c10::OperatorHandle op =
+        find_op("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "");
+    auto [dq, dk, dv] = boxed_fallback<std::tuple<at::Tensor, at::Tensor, at::Tensor>>(
+        op, grad_out, q, k, v, out, logsumexp, 0.0, is_causal,
+        mask.defined() ? std::optional<at::Tensor>(mask) : std::optional<at::Tensor>(), scale);
+    info.native_calls.fetch_add(1, std::memory_order_relaxed);
+    return {grad_input_mask[0] ? dq : at::Tensor(), grad_input_mask[1] ? dk : at::Tensor(),
+            grad_input_mask[2] ? dv : at::Tensor(), at::Tensor()};
+  }
   const kernels::AttentionArgs a = make_args(q, k, v, mask, is_causal, scale);
   TORCH_CHECK(grad_out.dim() == 4 && out.dim() == 4 &&
                   grad_out.sizes().equals(c10::IntArrayRef{a.B, a.H, a.L, a.Ev}) &&
@@ -219,6 +267,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
 namespace at::native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &openneuron::aten::fused_sdp_choice)
 }  // namespace at::native
+
+TORCH_LIBRARY_FRAGMENT(openneuron, m) {
+  m.def("_sdpa_kernel(str which=\"\") -> str", &openneuron::aten::set_sdpa_kernel);
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   namespace ops = openneuron::aten;
