@@ -85,13 +85,14 @@ struct Input {
 };
 
 struct Output {
-  c10::Storage storage;
+  c10::Storage storage;  // released (empty) once dead: see Recorder::release_dead
   void* data;
   int64_t nbytes;
   c10::SmallVector<int64_t, 6> strides;
   int64_t offset;
   c10::ScalarType dtype;
   int32_t value;
+  bool released = false;
 };
 
 struct Launch {
@@ -114,6 +115,19 @@ class Recorder {
 
  private:
   bool empty() const { return ops_ == 0; }
+  // NOTE: a result whose storage only the group still references can never be read again
+  // (values flow through the DAG, not memory) nor written (it is dead): its block goes back to
+  // the allocator at once, so a long group holds no more memory than eager would. A later
+  // output of the same group may reuse the block; nothing reads or writes the dead one.
+  void release_dead(std::vector<c10::Storage>* garbage) {
+    for (Output& o : outputs_) {
+      if (!o.released && o.storage.use_count() == 1) {
+        garbage->push_back(std::move(o.storage));
+        o.storage = c10::Storage();
+        o.released = true;
+      }
+    }
+  }
   void reset(std::vector<c10::Storage>* garbage);
   int32_t push(GNode n) {
     nodes_.push_back(n);
@@ -357,6 +371,7 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
   o.dtype = out.scalar_type();
   o.value = res;
   eager_bytes_ += o.nbytes;
+  release_dead(garbage);
   outputs_.push_back(std::move(o));
   names_.push_back(fn_name(r.fn));
   ++ops_;
@@ -463,7 +478,8 @@ void Recorder::flush(const char* reason, std::vector<c10::Storage>* garbage) {
   // NOTE: the group's own reference is the only one a dead result has left.
   std::vector<int> live;
   for (size_t i = 0; i < outputs_.size(); ++i)
-    if (outputs_[i].storage.use_count() > 1) live.push_back(static_cast<int>(i));
+    if (!outputs_[i].released && outputs_[i].storage.use_count() > 1)
+      live.push_back(static_cast<int>(i));
   int64_t fused_bytes = 0;
   for (int i : live) fused_bytes += outputs_[i].nbytes;
   bool hit = false;
