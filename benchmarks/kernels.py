@@ -46,18 +46,6 @@ def time_op(fn: Callable[[], object], device: torch.device, iters: int, repeats:
 
 
 # Each case: name, build(device, dtype) -> zero-arg callable, dtype.
-def softmax_case(rows: int, n: int, log: bool, backward: bool):
-    def build(device, dtype):
-        x = torch.randn(rows, n, device=device, dtype=dtype, requires_grad=backward)
-        g = torch.randn(rows, n, device=device, dtype=dtype)
-        f = torch.log_softmax if log else torch.softmax
-        if not backward:
-            return lambda: f(x, -1)
-        return lambda: torch.autograd.grad(f(x, -1), x, g)
-    kind = ("log_softmax" if log else "softmax") + (" fwd+bwd" if backward else " fwd")
-    return f"{kind} [{rows}, {n}]", build
-
-
 def layer_norm_case(rows: int, n: int, backward: bool):
     def build(device, dtype):
         x = torch.randn(rows, n, device=device, dtype=dtype, requires_grad=backward)
@@ -102,11 +90,6 @@ def gpt_param_sizes(d: int, layers: int, vocab: int) -> list[int]:
 
 def cases(quick: bool):
     out = [
-        softmax_case(8 * 128, 1000, log=True, backward=False),
-        softmax_case(8 * 128, 1000, log=True, backward=True),
-        softmax_case(8 * 4 * 128, 128, log=False, backward=False),
-        softmax_case(8 * 4 * 128, 128, log=False, backward=True),
-        softmax_case(64, 100, log=False, backward=False),
         layer_norm_case(8 * 128, 256, backward=False),
         layer_norm_case(8 * 128, 256, backward=True),
         layer_norm_case(64, 128, backward=False),
@@ -118,7 +101,6 @@ def cases(quick: bool):
     ]
     if not quick:
         out += [
-            softmax_case(8 * 512, 8192, log=True, backward=True),
             layer_norm_case(8 * 512, 1024, backward=True),
             sdpa_case(4, 8, 512, 64, causal=True, backward=True),
             adamw_case(gpt_param_sizes(512, 8, 8192), fused=True),
