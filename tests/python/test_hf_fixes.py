@@ -86,3 +86,17 @@ def test_compile_backend_neuron_is_registered_and_matches_eager(device):
     torch.testing.assert_close(out.cpu(), ref.cpu(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(x.grad.cpu(), xe.grad.cpu(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ref.cpu(), f(x0, w0), rtol=1e-5, atol=1e-6)
+
+
+def test_histc_out_integer_input(device):
+    x = torch.randint(0, 10, (50,), dtype=torch.int32, generator=torch.Generator().manual_seed(4))
+    out = torch.empty(0, dtype=torch.int32, device=device)
+    res = torch.histc(x.to(device), bins=5, min=0, max=9, out=out)
+    assert res is out and out.shape == (5,)
+    assert torch.equal(out.cpu(), _histc_int_reference(x, 5, 0, 9))
+    with pytest.raises(RuntimeError, match=r"histc: out has dtype Float.*Int"):
+        torch.histc(x.to(device), bins=5, out=torch.empty(5, device=device))
+    f = torch.randn(50)
+    fo = torch.empty(0, device=device)
+    torch.histc(f.to(device), bins=5, min=-1, max=1, out=fo)
+    assert torch.equal(fo.cpu(), torch.histc(f, bins=5, min=-1, max=1))

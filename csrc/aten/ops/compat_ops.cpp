@@ -5,6 +5,7 @@
 //   dtype); histogram_cpu raises "not implemented for 'Int'". Hugging Face's MoE layers
 //   (transformers.integrations.moe, grouped_mm experts) call it on int32 expert ids.
 #include <ATen/ATen.h>
+#include <ATen/native/Resize.h>
 #include <torch/library.h>
 
 #include "aten/ops/fallback.h"
@@ -61,9 +62,32 @@ void histc(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::St
   stack->push_back(c10::IValue(std::move(out)));
 }
 
+// aten::histc.out(Tensor self, int bins=100, Scalar min=0, Scalar max=0, *, Tensor(a!) out)
+void histc_out(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const size_t first = stack->size() - 5;
+  const at::Tensor& self = (*stack)[first].toTensor();
+  if (!at::isIntegralType(self.scalar_type(), /*includeBool=*/false)) {
+    neuron_fallback(op, ks, stack);
+    return;
+  }
+  at::Tensor out = (*stack)[first + 4].toTensor();
+  TORCH_CHECK(out.scalar_type() == self.scalar_type(), "torch.histc: out has dtype ",
+              out.scalar_type(), " but input has dtype ", self.scalar_type(), " (on ",
+              self.device(), "); pass an out tensor of the input's dtype");
+  static OpInfo& info = op_info("aten::histc", "out");
+  info.native_calls.fetch_add(1, std::memory_order_relaxed);
+  at::Tensor result = histc_integral(self, (*stack)[first + 1].toInt(),
+                                     (*stack)[first + 2].toScalar(), (*stack)[first + 3].toScalar());
+  at::native::resize_output(out, result.sizes());
+  out.copy_(result);
+  torch::jit::drop(*stack, 5);
+  stack->push_back(c10::IValue(out));
+}
+
 }  // namespace
 }  // namespace openneuron::aten
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&openneuron::aten::histc>());
+  m.impl("histc.out", torch::CppFunction::makeFromBoxedFunction<&openneuron::aten::histc_out>());
 }
