@@ -130,6 +130,29 @@ c10::SmallVector<TensorGeom, 1> geoms_of(const c10::IValue& v) {
   return out;
 }
 
+// Where an op's meta kernel is a composite whose result dtypes differ from the CPU kernel's, the
+// CPU kernel's dtypes win (it is what runs, and the device tensors must hold what it returns).
+// native_layer_norm: the composite gives bf16/fp16 inputs float32 mean/rstd; layer_norm_cpu
+// does so only for mixed calls (weight/bias of another dtype), else the input's dtype, and its
+// backward refuses stats of another dtype.
+void match_cpu_dtypes(const OpInfo& info, c10::ArrayRef<c10::IValue> args, MetaResult& r) {
+  if (std::strcmp(info.name, "aten::native_layer_norm") != 0 || args.size() < 4 ||
+      r.returns.size() < 3 || !args[0].isTensor()) {
+    return;
+  }
+  const c10::ScalarType st = args[0].toTensor().scalar_type();
+  if (!at::isReducedFloatingType(st)) return;
+  for (size_t i : {2, 3}) {
+    if (args[i].isTensor() && args[i].toTensor().defined() &&
+        args[i].toTensor().scalar_type() != st) {
+      return;  // mixed: float32 stats on CPU too
+    }
+  }
+  for (size_t k : {1, 2})
+    for (auto& g : r.returns[k])
+      if (g.defined) g.dtype = st;
+}
+
 std::shared_ptr<const MetaResult> compute(const c10::OperatorHandle& op, OpInfo& info,
                                           c10::ArrayRef<c10::IValue> args) {
   StorageMap meta(c10::DeviceType::Meta, /*keep_sources=*/false);
@@ -149,6 +172,7 @@ std::shared_ptr<const MetaResult> compute(const c10::OperatorHandle& op, OpInfo&
   auto result = std::make_shared<MetaResult>();
   for (const auto& v : stack) result->returns.push_back(geoms_of(v));
   for (const auto& [i, v] : written) result->writes.emplace_back(i, geoms_of(v));
+  match_cpu_dtypes(info, args, *result);
   return result;
 }
 
