@@ -100,3 +100,23 @@ def test_histc_out_integer_input(device):
     fo = torch.empty(0, device=device)
     torch.histc(f.to(device), bins=5, min=-1, max=1, out=fo)
     assert torch.equal(fo.cpu(), torch.histc(f, bins=5, min=-1, max=1))
+
+
+def test_compile_backend_neuron_trains_hf_llama_like_cpu(device):
+    # torch.compile(model, backend="neuron") on a whole HF model: forward and backward graphs
+    # (AOTAutograd) give CPU eager's loss and gradients.
+    import copy
+
+    import test_hf_models as hf
+
+    cpu_model = hf.build_model("llama")
+    neuron_model = torch.compile(copy.deepcopy(cpu_model).to(device), backend="neuron")
+    batch = hf.make_batch("llama")
+    ref_loss, ref_logits, ref_grads, _ = hf.train_step(cpu_model, batch, torch.device("cpu"))
+    loss, logits, grads, _ = hf.train_step(neuron_model, batch, device)
+    torch.testing.assert_close(loss, ref_loss, **hf.LOSS_TOL)
+    torch.testing.assert_close(logits, ref_logits, **hf.LOGITS_TOL)
+    grads = {k.removeprefix("_orig_mod."): g for k, g in grads.items()}
+    assert grads.keys() == ref_grads.keys()
+    for n, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[n], **hf.GRAD_TOL, msg=n)
