@@ -253,3 +253,26 @@ def test_gradient_checkpointing_with_dropout_gives_same_grads(device, use_reentr
     assert loss == plain_loss
     for n, g in grads.items():
         torch.testing.assert_close(g, plain[n], rtol=0, atol=0, msg=n)
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral"])
+def test_train_step_on_second_device_matches_cpu_and_stays_there(name):
+    # A model on neuron:1 (current device still neuron:0): every op, allocation and the step
+    # itself happen on device 1, and the numbers are CPU's.
+    dev1 = torch.device("neuron:1")
+    cpu_model = build_model(name)
+    model = copy.deepcopy(cpu_model).to(dev1)
+    batch = make_batch(name)
+    ref = train_step(cpu_model, batch, torch.device("cpu"))
+    torch.neuron.synchronize(0)
+    before0 = torch.neuron.memory_allocated(0)
+    torch.neuron.reset_peak_memory_stats(0)
+    loss, logits, grads, params = train_step(model, batch, dev1)
+    assert torch.neuron.max_memory_allocated(0) == before0  # nothing was allocated on neuron:0
+    assert {p.device for p in model.parameters()} == {dev1}
+    torch.testing.assert_close(loss, ref[0], **LOSS_TOL)
+    torch.testing.assert_close(logits, ref[1], **LOGITS_TOL)
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref[2][n], **GRAD_TOL, msg=n)
+    for n in params:
+        torch.testing.assert_close(params[n], ref[3][n], **PARAM_TOL, msg=n)
