@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt import GPT, GPTConfig  # noqa: E402
+from gpt import GPT, GPTConfig
 
 NEURON = torch.device("neuron")
 
@@ -141,7 +141,8 @@ def main() -> None:
           f"cpu eager {g['cpu'] * 1e3:8.2f}   ({g['ops_per_group']:.0f} ops per fused group)")
     print(f"    adaptive / plain eager speed-up: {g['off'] / g['on']:.2f}x  (goal >= 2.5x)")
     print("\n(b) fused kernel bandwidth vs copy of the same bytes")
-    print(f"    fused GELU {mb / g['on'] / 1e3:6.2f} GB/s   x.clone() {mb / g['clone'] / 1e3:6.2f} GB/s"
+    print(f"    fused GELU {mb / g['on'] / 1e3:6.2f} GB/s   "
+          f"x.clone() {mb / g['clone'] / 1e3:6.2f} GB/s"
           f"   ratio {g['clone'] / g['on'] * 100:.0f}%  (goal >= 60%)")
 
     r = bench_gpt(max(3, rep // 2), not args.no_compile)

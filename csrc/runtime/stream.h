@@ -15,7 +15,14 @@ namespace openneuron::runtime {
 // in every Stream/Event call that queues work, copies, or waits, so a pending group is always
 // flushed (enqueued) before anything that could observe or reorder it. nullptr = no hook.
 enum class FlushPoint : uint8_t {
-  kEnqueue, kMemcpy, kStreamSync, kStreamQuery, kEventRecord, kEventWait, kEventQuery, kEventSync
+  kEnqueue,
+  kMemcpy,
+  kStreamSync,
+  kStreamQuery,
+  kEventRecord,
+  kEventWait,
+  kEventQuery,
+  kEventSync
 };
 using FlushHook = void (*)(FlushPoint);
 void set_flush_hook(FlushHook hook);

@@ -35,7 +35,13 @@ namespace openneuron::aten::fusion {
 namespace {
 
 enum DtMask : uint16_t {
-  kF32 = 1, kBF16 = 2, kF16 = 4, kF64 = 8, kI32 = 16, kI64 = 32, kBool = 64,
+  kF32 = 1,
+  kBF16 = 2,
+  kF16 = 4,
+  kF64 = 8,
+  kI32 = 16,
+  kI64 = 32,
+  kBool = 64,
   kFloats = kF32 | kBF16 | kF16 | kF64,
   kNumeric = kFloats | kI32 | kI64,
   kAll = kNumeric | kBool,
@@ -44,14 +50,22 @@ enum DtMask : uint16_t {
 
 uint16_t mask_of(c10::ScalarType t) {
   switch (t) {
-    case c10::ScalarType::Float: return kF32;
-    case c10::ScalarType::BFloat16: return kBF16;
-    case c10::ScalarType::Half: return kF16;
-    case c10::ScalarType::Double: return kF64;
-    case c10::ScalarType::Int: return kI32;
-    case c10::ScalarType::Long: return kI64;
-    case c10::ScalarType::Bool: return kBool;
-    default: return 0;
+    case c10::ScalarType::Float:
+      return kF32;
+    case c10::ScalarType::BFloat16:
+      return kBF16;
+    case c10::ScalarType::Half:
+      return kF16;
+    case c10::ScalarType::Double:
+      return kF64;
+    case c10::ScalarType::Int:
+      return kI32;
+    case c10::ScalarType::Long:
+      return kI64;
+    case c10::ScalarType::Bool:
+      return kBool;
+    default:
+      return 0;
   }
 }
 
@@ -60,11 +74,11 @@ enum class Result : uint8_t { kCompute, kBool, kFloat };  // result dtype rule
 struct Spec {
   const char* name;
   Fn fn;
-  int8_t nin;         // operands are args 0..nin-1
-  int8_t alpha;       // arg index of alpha (-1: none); only alpha == 1 is fused
-  int8_t exponent;    // pow: arg index of the exponent
-  bool functional;    // no out= arg: the result is allocated here
-  uint16_t dtypes;    // allowed compute dtypes
+  int8_t nin;       // operands are args 0..nin-1
+  int8_t alpha;     // arg index of alpha (-1: none); only alpha == 1 is fused
+  int8_t exponent;  // pow: arg index of the exponent
+  bool functional;  // no out= arg: the result is allocated here
+  uint16_t dtypes;  // allowed compute dtypes
   Result result;
 };
 
@@ -121,18 +135,29 @@ bool is_reduced(c10::ScalarType t) {
 bool scalar_of(const at::Tensor& t, c10::Scalar* out) {
   const void* p = t.const_data_ptr();
   switch (t.scalar_type()) {
-    case c10::ScalarType::Double: *out = *static_cast<const double*>(p); return true;
-    case c10::ScalarType::Float: *out = static_cast<double>(*static_cast<const float*>(p)); return true;
+    case c10::ScalarType::Double:
+      *out = *static_cast<const double*>(p);
+      return true;
+    case c10::ScalarType::Float:
+      *out = static_cast<double>(*static_cast<const float*>(p));
+      return true;
     case c10::ScalarType::BFloat16:
       *out = static_cast<double>(static_cast<float>(*static_cast<const c10::BFloat16*>(p)));
       return true;
     case c10::ScalarType::Half:
       *out = static_cast<double>(static_cast<float>(*static_cast<const c10::Half*>(p)));
       return true;
-    case c10::ScalarType::Long: *out = *static_cast<const int64_t*>(p); return true;
-    case c10::ScalarType::Int: *out = static_cast<int64_t>(*static_cast<const int32_t*>(p)); return true;
-    case c10::ScalarType::Bool: *out = *static_cast<const bool*>(p); return true;
-    default: return false;
+    case c10::ScalarType::Long:
+      *out = *static_cast<const int64_t*>(p);
+      return true;
+    case c10::ScalarType::Int:
+      *out = static_cast<int64_t>(*static_cast<const int32_t*>(p));
+      return true;
+    case c10::ScalarType::Bool:
+      *out = *static_cast<const bool*>(p);
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -165,8 +190,8 @@ bool operand_of(const c10::IValue& v, c10::Device device, Arg* a,
 
 // out must have the operands' broadcast shape (no resize), be dense and not overlap itself.
 bool out_ok(const at::Tensor& out, const OpRecord& r) {
-  if (!out.defined() || !out.device().is_privateuseone() || out.numel() == 0 ||
-      out.is_conj() || out.is_neg() || !out.is_non_overlapping_and_dense())
+  if (!out.defined() || !out.device().is_privateuseone() || out.numel() == 0 || out.is_conj() ||
+      out.is_neg() || !out.is_non_overlapping_and_dense())
     return false;
   if (out.dim() > 16) return false;
   c10::DimVector shape;
@@ -295,8 +320,8 @@ bool try_record_boxed(const c10::OperatorHandle& op, OpInfo& info, torch::jit::S
 
 bool try_record_binary(Fn fn, const char* name, const at::Tensor& out, const at::Tensor& self,
                        const at::Tensor& other, const c10::Scalar& alpha) {
-  if ((fn == Fn::kAdd || fn == Fn::kSub) && !(alpha.isIntegral(true) ? alpha.toLong() == 1
-                                                                       : alpha.toDouble() == 1.0))
+  if ((fn == Fn::kAdd || fn == Fn::kSub) &&
+      !(alpha.isIntegral(true) ? alpha.toLong() == 1 : alpha.toDouble() == 1.0))
     return false;
   OpRecord r;
   r.fn = fn;

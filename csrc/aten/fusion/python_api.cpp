@@ -18,9 +18,9 @@ void op_reset_stats() { stats_reset(); }
 // outputs_dead (openneuron/neuron/fusion.py names them).
 std::vector<int64_t> op_stats() {
   Stats s = stats();
-  return {static_cast<int64_t>(s.groups),       static_cast<int64_t>(s.ops_fused),
-          static_cast<int64_t>(s.kernels),      static_cast<int64_t>(s.cache_hits),
-          static_cast<int64_t>(s.cache_misses), static_cast<int64_t>(s.bytes_saved),
+  return {static_cast<int64_t>(s.groups),          static_cast<int64_t>(s.ops_fused),
+          static_cast<int64_t>(s.kernels),         static_cast<int64_t>(s.cache_hits),
+          static_cast<int64_t>(s.cache_misses),    static_cast<int64_t>(s.bytes_saved),
           static_cast<int64_t>(s.outputs_written), static_cast<int64_t>(s.outputs_dead)};
 }
 

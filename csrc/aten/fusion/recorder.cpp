@@ -51,14 +51,22 @@ AtomicStats g_stats;
 
 DType dtype_of(c10::ScalarType t) {
   switch (t) {
-    case c10::ScalarType::Float: return DType::kFloat32;
-    case c10::ScalarType::BFloat16: return DType::kBFloat16;
-    case c10::ScalarType::Half: return DType::kFloat16;
-    case c10::ScalarType::Double: return DType::kFloat64;
-    case c10::ScalarType::Int: return DType::kInt32;
-    case c10::ScalarType::Long: return DType::kInt64;
-    case c10::ScalarType::Bool: return DType::kBool;
-    default: TORCH_INTERNAL_ASSERT(false, "adaptive eager: unsupported dtype ", t);
+    case c10::ScalarType::Float:
+      return DType::kFloat32;
+    case c10::ScalarType::BFloat16:
+      return DType::kBFloat16;
+    case c10::ScalarType::Half:
+      return DType::kFloat16;
+    case c10::ScalarType::Double:
+      return DType::kFloat64;
+    case c10::ScalarType::Int:
+      return DType::kInt32;
+    case c10::ScalarType::Long:
+      return DType::kInt64;
+    case c10::ScalarType::Bool:
+      return DType::kBool;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "adaptive eager: unsupported dtype ", t);
   }
 }
 
@@ -76,7 +84,7 @@ static_assert(sizeof(GNode) == 24, "GNode is hashed as raw bytes");
 struct Input {
   c10::Storage storage;  // keeps the block alive until the group is enqueued
   void* data;
-  int64_t nbytes;  // the tensor's own bytes (traffic accounting)
+  int64_t nbytes;                        // the tensor's own bytes (traffic accounting)
   c10::SmallVector<int64_t, 6> strides;  // in the iteration space, 0 = broadcast
   // exact geometry, to dedupe loads of the same tensor
   int64_t offset;
@@ -99,8 +107,8 @@ struct Launch {
   std::shared_ptr<const ir::Kernel> kernel;
   int ndim = 0;
   int64_t sizes[kMaxDims];
-  std::vector<void*> ptrs;        // inputs then outputs
-  std::vector<int64_t> strides;   // ndim per operand, same order
+  std::vector<void*> ptrs;       // inputs then outputs
+  std::vector<int64_t> strides;  // ndim per operand, same order
 };
 
 bool same_geom(const at::Tensor& t, int64_t offset, c10::IntArrayRef sizes,
@@ -173,7 +181,7 @@ Recorder& recorder() {
 int32_t Recorder::constant(const c10::Scalar& s, DType dt) {
   GNode n{Op::kConstant, dt, -1, {-1, -1, -1}, 0};
   if (ir::dtype_is_floating(dt)) {
-    double v = s.isBoolean() ? (s.toBool() ? 1.0 : 0.0)
+    double v = s.isBoolean()         ? (s.toBool() ? 1.0 : 0.0)
                : s.isIntegral(false) ? static_cast<double>(s.toLong())
                                      : s.toDouble();
     // NOTE: an int64 scalar converts to float directly (c10::convert), not through double.
@@ -182,7 +190,7 @@ int32_t Recorder::constant(const c10::Scalar& s, DType dt) {
     }
     std::memcpy(&n.payload, &v, 8);
   } else {
-    int64_t v = s.isBoolean() ? (s.toBool() ? 1 : 0)
+    int64_t v = s.isBoolean()         ? (s.toBool() ? 1 : 0)
                 : s.isIntegral(false) ? s.toLong()
                                       : static_cast<int64_t>(s.toDouble());
     if (dt == DType::kBool) v = s.isFloatingPoint() ? (s.toDouble() != 0) : (v != 0);
@@ -222,8 +230,11 @@ int32_t Recorder::value_of(const at::Tensor& t) {
     in.strides[g] = t.size(d) == 1 ? 0 : t.stride(d);
   }
   inputs_.push_back(std::move(in));
-  return push({Op::kLoad, dtype_of(t.scalar_type()),
-               static_cast<int16_t>(inputs_.size() - 1), {-1, -1, -1}, 0});
+  return push({Op::kLoad,
+               dtype_of(t.scalar_type()),
+               static_cast<int16_t>(inputs_.size() - 1),
+               {-1, -1, -1},
+               0});
 }
 
 bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
@@ -299,16 +310,36 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
   };
   int32_t res = -1;
   switch (r.fn) {
-    case Fn::kNeg: res = unary(Op::kNeg, operand(0, ct)); break;
-    case Fn::kAbs: res = unary(Op::kAbs, operand(0, ct)); break;
-    case Fn::kReciprocal: res = unary(Op::kReciprocal, operand(0, ct)); break;
-    case Fn::kSqrt: res = unary(Op::kSqrt, operand(0, ct)); break;
-    case Fn::kRsqrt: res = unary(Op::kRsqrt, operand(0, ct)); break;
-    case Fn::kExp: res = unary(Op::kExp, operand(0, ct)); break;
-    case Fn::kLog: res = unary(Op::kLog, operand(0, ct)); break;
-    case Fn::kCos: res = unary(Op::kCos, operand(0, ct)); break;
-    case Fn::kTanh: res = unary(Op::kTanh, operand(0, ct)); break;
-    case Fn::kErf: res = unary(Op::kErf, operand(0, ct)); break;
+    case Fn::kNeg:
+      res = unary(Op::kNeg, operand(0, ct));
+      break;
+    case Fn::kAbs:
+      res = unary(Op::kAbs, operand(0, ct));
+      break;
+    case Fn::kReciprocal:
+      res = unary(Op::kReciprocal, operand(0, ct));
+      break;
+    case Fn::kSqrt:
+      res = unary(Op::kSqrt, operand(0, ct));
+      break;
+    case Fn::kRsqrt:
+      res = unary(Op::kRsqrt, operand(0, ct));
+      break;
+    case Fn::kExp:
+      res = unary(Op::kExp, operand(0, ct));
+      break;
+    case Fn::kLog:
+      res = unary(Op::kLog, operand(0, ct));
+      break;
+    case Fn::kCos:
+      res = unary(Op::kCos, operand(0, ct));
+      break;
+    case Fn::kTanh:
+      res = unary(Op::kTanh, operand(0, ct));
+      break;
+    case Fn::kErf:
+      res = unary(Op::kErf, operand(0, ct));
+      break;
     case Fn::kSquare: {
       int32_t x = operand(0, ct);
       res = binary(Op::kMul, x, x, ct);
@@ -326,7 +357,9 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
       res = push({Op::kWhere, ct, -1, {neg, zero, x}, 0});
       break;
     }
-    case Fn::kCast: res = operand(0, od); break;
+    case Fn::kCast:
+      res = operand(0, od);
+      break;
     case Fn::kAdd:
     case Fn::kSub:
     case Fn::kMul:
@@ -402,7 +435,9 @@ std::shared_ptr<const ir::Kernel> Recorder::kernel_for(const std::vector<int>& l
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const GNode& n = nodes_[i];
     switch (n.op) {
-      case Op::kLoad: map[i] = b.load(n.index); break;
+      case Op::kLoad:
+        map[i] = b.load(n.index);
+        break;
       case Op::kConstant:
         if (ir::dtype_is_floating(n.dtype)) {
           double d;
@@ -414,8 +449,12 @@ std::shared_ptr<const ir::Kernel> Recorder::kernel_for(const std::vector<int>& l
           map[i] = b.constant(d, n.dtype);
         }
         break;
-      case Op::kCast: map[i] = b.cast(map[n.args[0]], n.dtype); break;
-      case Op::kWhere: map[i] = b.where(map[n.args[0]], map[n.args[1]], map[n.args[2]]); break;
+      case Op::kCast:
+        map[i] = b.cast(map[n.args[0]], n.dtype);
+        break;
+      case Op::kWhere:
+        map[i] = b.where(map[n.args[0]], map[n.args[1]], map[n.args[2]]);
+        break;
       default:
         if (n.args[1] < 0) {
           map[i] = b.unary(n.op, map[n.args[0]]);
@@ -502,7 +541,8 @@ void Recorder::flush(const char* reason, std::vector<c10::Storage>* garbage) {
       std::vector<int64_t> st(nops * std::max<size_t>(nd0, 1));
       std::vector<int64_t*> rows;
       for (size_t j = 0; j < nops; ++j) {
-        const auto& s = j < inputs_.size() ? inputs_[j].strides : outputs_[live[j - inputs_.size()]].strides;
+        const auto& s =
+            j < inputs_.size() ? inputs_[j].strides : outputs_[live[j - inputs_.size()]].strides;
         std::copy(s.begin(), s.end(), st.begin() + j * nd0);
         rows.push_back(st.data() + j * nd0);
       }
@@ -553,8 +593,10 @@ void Recorder::flush(const char* reason, std::vector<c10::Storage>* garbage) {
     std::string shape;
     for (size_t d = 0; d < sizes_.size(); ++d) shape += (d ? "x" : "") + std::to_string(sizes_[d]);
     std::fprintf(stderr,
-                 "[openneuron fusion] group %" PRIu64 ": %d ops [%s] shape [%s] on neuron:%d "
-                 "stream %" PRId64 " | closed by: %s | outputs written %zu, dead %zu | %s | "
+                 "[openneuron fusion] group %" PRIu64
+                 ": %d ops [%s] shape [%s] on neuron:%d "
+                 "stream %" PRId64
+                 " | closed by: %s | outputs written %zu, dead %zu | %s | "
                  "bytes eager %" PRId64 " fused %" PRId64 " saved %" PRId64 "\n",
                  seq, ops_, ops.c_str(), shape.c_str(), static_cast<int>(device_), stream_id_,
                  reason, live.size(), outputs_.size() - live.size(),
@@ -569,10 +611,10 @@ void Recorder::flush(const char* reason, std::vector<c10::Storage>* garbage) {
 }  // namespace
 
 const char* fn_name(Fn fn) {
-  static const char* names[] = {"neg", "abs", "reciprocal", "sqrt", "rsqrt", "exp", "log",
-                                "cos", "tanh", "erf", "square", "cube", "relu", "cast",
-                                "add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt",
-                                "ge", "where"};
+  static const char* names[] = {"neg", "abs",  "reciprocal", "sqrt",   "rsqrt", "exp",  "log",
+                                "cos", "tanh", "erf",        "square", "cube",  "relu", "cast",
+                                "add", "sub",  "mul",        "div",    "eq",    "ne",   "lt",
+                                "le",  "gt",   "ge",         "where"};
   return names[static_cast<int>(fn)];
 }
 
@@ -627,14 +669,22 @@ namespace {
 
 const char* flush_point_name(runtime::FlushPoint p) {
   switch (p) {
-    case runtime::FlushPoint::kEnqueue: return "other work enqueued";
-    case runtime::FlushPoint::kMemcpy: return "copy";
-    case runtime::FlushPoint::kStreamSync: return "synchronize";
-    case runtime::FlushPoint::kStreamQuery: return "stream query";
-    case runtime::FlushPoint::kEventRecord: return "event record";
-    case runtime::FlushPoint::kEventWait: return "event wait";
-    case runtime::FlushPoint::kEventQuery: return "event query";
-    case runtime::FlushPoint::kEventSync: return "event synchronize";
+    case runtime::FlushPoint::kEnqueue:
+      return "other work enqueued";
+    case runtime::FlushPoint::kMemcpy:
+      return "copy";
+    case runtime::FlushPoint::kStreamSync:
+      return "synchronize";
+    case runtime::FlushPoint::kStreamQuery:
+      return "stream query";
+    case runtime::FlushPoint::kEventRecord:
+      return "event record";
+    case runtime::FlushPoint::kEventWait:
+      return "event wait";
+    case runtime::FlushPoint::kEventQuery:
+      return "event query";
+    case runtime::FlushPoint::kEventSync:
+      return "event synchronize";
   }
   return "runtime call";
 }

@@ -17,14 +17,31 @@ namespace openneuron::aten::fusion {
 // What a recorded op computes, in its compute dtype (type promotion is resolved by the caller).
 enum class Fn : uint8_t {
   // unary
-  kNeg, kAbs, kReciprocal, kSqrt, kRsqrt, kExp, kLog, kCos, kTanh, kErf,
+  kNeg,
+  kAbs,
+  kReciprocal,
+  kSqrt,
+  kRsqrt,
+  kExp,
+  kLog,
+  kCos,
+  kTanh,
+  kErf,
   kSquare,  // pow(x, 2) = x * x
   kCube,    // pow(x, 3) = x * x * x (each product rounded, as ATen)
   kRelu,    // x < 0 ? 0 : x (NaN and -0.0 pass through, as ATen's clamp_min)
   kCast,    // to the out dtype (copy_ with a dtype change)
   // binary
-  kAdd, kSub, kMul, kDiv,
-  kEq, kNe, kLt, kLe, kGt, kGe,
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
   // ternary
   kWhere,  // args: cond (bool), a, b
 };
@@ -71,14 +88,14 @@ inline void flush(const char* reason) {
 }
 
 struct Stats {
-  uint64_t groups = 0;         // groups closed with at least one op
-  uint64_t ops_fused = 0;      // ops recorded
-  uint64_t kernels = 0;        // fused kernels enqueued
-  uint64_t cache_hits = 0;     // kernels found by structure
-  uint64_t cache_misses = 0;   // kernels built
-  uint64_t bytes_saved = 0;    // eager memory traffic minus fused traffic
+  uint64_t groups = 0;        // groups closed with at least one op
+  uint64_t ops_fused = 0;     // ops recorded
+  uint64_t kernels = 0;       // fused kernels enqueued
+  uint64_t cache_hits = 0;    // kernels found by structure
+  uint64_t cache_misses = 0;  // kernels built
+  uint64_t bytes_saved = 0;   // eager memory traffic minus fused traffic
   uint64_t outputs_written = 0;
-  uint64_t outputs_dead = 0;   // recorded results never written (no reference left at close)
+  uint64_t outputs_dead = 0;  // recorded results never written (no reference left at close)
 };
 Stats stats();
 void stats_reset();
