@@ -76,8 +76,9 @@ void histc_out(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit
               self.device(), "); pass an out tensor of the input's dtype");
   static OpInfo& info = op_info("aten::histc", "out");
   info.native_calls.fetch_add(1, std::memory_order_relaxed);
-  at::Tensor result = histc_integral(self, (*stack)[first + 1].toInt(),
-                                     (*stack)[first + 2].toScalar(), (*stack)[first + 3].toScalar());
+  const at::Tensor result =
+      histc_integral(self, (*stack)[first + 1].toInt(), (*stack)[first + 2].toScalar(),
+                     (*stack)[first + 3].toScalar());
   at::native::resize_output(out, result.sizes());
   out.copy_(result);
   torch::jit::drop(*stack, 5);
