@@ -276,3 +276,58 @@ def test_train_step_on_second_device_matches_cpu_and_stays_there(name):
         torch.testing.assert_close(grads[n], ref[2][n], **GRAD_TOL, msg=n)
     for n in params:
         torch.testing.assert_close(params[n], ref[3][n], **PARAM_TOL, msg=n)
+
+
+# More architectures, forward + backward only (float32, dropout 0): each must match CPU and take
+# no synchronous path at all. Configs are the smallest each class accepts.
+_SMALL = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32}
+_GPTJ_LIKE = {"vocab_size": VOCAB, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 4,
+              "rotary_dim": 4, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+_DEEPSEEK = {**_SMALL, "num_key_value_heads": 4, "moe_intermediate_size": 16,
+             "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2,
+             "topk_group": 1, "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 16,
+             "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8}
+MORE_ARCHS = {
+    "Qwen2": _SMALL,
+    "Mistral": _SMALL,
+    "Gemma2": {**_SMALL, "head_dim": 8},
+    "Phi": _SMALL,
+    "Phi3": {**_SMALL, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    "GPTNeoX": _SMALL,
+    "OPT": {**_SMALL, "ffn_dim": 64, "dropout": 0.0, "attention_dropout": 0.0},
+    "Bloom": {"vocab_size": VOCAB, "hidden_size": 32, "n_layer": 2, "n_head": 4},
+    "Falcon": {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "new_decoder_architecture": True, "num_kv_heads": 2},
+    "GPTJ": _GPTJ_LIKE,
+    "CodeGen": {**_GPTJ_LIKE, "n_ctx": 32},
+    "DeepseekV3": _DEEPSEEK,
+    "GptOss": {**_SMALL, "intermediate_size": 32, "head_dim": 8, "num_local_experts": 4,
+               "num_experts_per_tok": 2, "sliding_window": 4},
+    "Olmoe": {**_SMALL, "intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+    "Qwen2Moe": {**_SMALL, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 32,
+                 "num_experts": 4, "num_experts_per_tok": 2},
+    "Mamba": {"vocab_size": VOCAB, "hidden_size": 32, "state_size": 8, "num_hidden_layers": 2},
+}
+
+
+@pytest.mark.parametrize("arch", sorted(MORE_ARCHS))
+def test_more_architectures_forward_backward_match_cpu(device, arch):
+    config = getattr(transformers, f"{arch}Config")(**MORE_ARCHS[arch])
+    torch.manual_seed(0)
+    cpu_model = getattr(transformers, f"{arch}ForCausalLM")(config).train()
+    neuron_model = copy.deepcopy(cpu_model).to(device)
+    ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    ref = cpu_model(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    openneuron.ops_report(print_table=False, reset=True)
+    out = neuron_model(input_ids=ids.to(device), labels=ids.to(device))
+    out.loss.backward()
+    assert non_async_ops() == {"sync": set(), "fallback": set()}
+    torch.testing.assert_close(out.loss.cpu(), ref.loss.detach(), **LOSS_TOL)
+    torch.testing.assert_close(out.logits.detach().cpu(), ref.logits.detach(), **LOGITS_TOL)
+    ref_grads = {n: p.grad for n, p in cpu_model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.cpu() for n, p in neuron_model.named_parameters() if p.grad is not None}
+    assert grads.keys() == ref_grads.keys() and grads
+    for n, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[n], **GRAD_TOL, msg=n)
