@@ -1,7 +1,3 @@
-// NOTE: FP exceptions are never inspected: without trapping math GCC if-converts the selects
-// of exp_f32 and the max reductions, so those loops vectorize. Results are unchanged.
-#pragma GCC optimize("no-trapping-math")
-
 #include "kernels/attention.h"
 
 #include <algorithm>
@@ -12,7 +8,10 @@
 namespace openneuron::kernels {
 namespace {
 
-constexpr int64_t kQueryBlock = 32;
+constexpr int64_t kQueryBlock = 32;  // query rows per forward task (share one K/V load)
+constexpr int64_t kRows = 8;         // query rows per micro-kernel call (register blocking)
+
+OPENNEURON_INLINE int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
 OPENNEURON_INLINE float load1(DType d, const void* p, int64_t i) {
   switch (d) {
@@ -41,166 +40,270 @@ OPENNEURON_INLINE int64_t off(const Strides4& st, int64_t b, int64_t h, int64_t 
   return b * st.s[0] + h * st.s[1] + r * st.s[2];
 }
 
-// Scores of query row i (qf: E floats) against keys [0, n): s[j] = (q . k_j) * scale + mask.
-OPENNEURON_INLINE void scores(const AttentionArgs& a, const float* qf, const float* kt,
-                              int64_t b, int64_t h, int64_t i, int64_t n, float* s) {
-  for (int64_t j = 0; j < n; ++j) s[j] = 0;
-  for (int64_t e = 0; e < a.E; ++e) {
-    const float qe = qf[e];
-    const float* row = kt + e * a.S;
-    for (int64_t j = 0; j < n; ++j) s[j] += qe * row[j];
-  }
-  for (int64_t j = 0; j < n; ++j) s[j] *= a.scale;
-  if (a.mask) {
-    const int64_t mo = b * a.m.s[0] + h * a.m.s[1] + i * a.m.s[2];
-    for (int64_t j = 0; j < n; ++j) s[j] += load1(a.mask_dtype, a.mask, mo + j * a.m.s[3]);
+OPENNEURON_INLINE void storev(float* p, const VecF& v) { std::memcpy(p, &v, sizeof(VecF)); }
+
+// C[r][0, ncols) = sum_{e < k} A[r][e] * B[e][0, ncols) for the kRows rows of A (row stride
+// lda) and C (ldc); B has row stride ldb; ncols is a multiple of 16. The kRows x 16 block of C
+// stays in registers while e runs.
+OPENNEURON_INLINE void gemm_rows(const float* A, int64_t lda, int64_t k, const float* B,
+                                 int64_t ldb, int64_t ncols, float* C, int64_t ldc) {
+  for (int64_t jb = 0; jb < ncols; jb += kLanes) {
+    VecF c[kRows] = {};
+    for (int64_t e = 0; e < k; ++e) {
+      VecF b;
+      loadv(&b, B + e * ldb + jb);
+#pragma GCC unroll 8
+      for (int64_t r = 0; r < kRows; ++r) c[r] += b * A[r * lda + e];
+    }
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kRows; ++r) storev(C + r * ldc + jb, c[r]);
   }
 }
 
+// C[j][0, ncols) += sum_r coef[r][j] * X[r][0, ncols) for j < rows (a rank-kRows update).
+OPENNEURON_INLINE void rank_update(float* C, int64_t ldc, int64_t rows, int64_t ncols,
+                                   const float* coef, int64_t ldcoef, const float* X,
+                                   int64_t ldx) {
+  for (int64_t eb = 0; eb < ncols; eb += kLanes) {
+    VecF x[kRows];
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kRows; ++r) loadv(&x[r], X + r * ldx + eb);
+    for (int64_t j = 0; j < rows; ++j) {
+      VecF c;
+      loadv(&c, C + j * ldc + eb);
+#pragma GCC unroll 8
+      for (int64_t r = 0; r < kRows; ++r) c += x[r] * coef[r * ldcoef + j];
+      storev(C + j * ldc + eb, c);
+    }
+  }
+}
+
+// Loads up to kRows rows [i0, i0 + count) of a [*, n] operand as floats into dst (row stride
+// ld, zero padded to ld; missing rows zero).
 template <class D>
-OPENNEURON_INLINE void forward_task(const AttentionArgs& a, const void* q, const void* k,
-                                    const void* v, void* out, float* lse, int64_t task,
-                                    float* buf) {
+OPENNEURON_INLINE void load_rows(const void* p, const Strides4& st, int64_t b, int64_t h,
+                                 int64_t i0, int64_t count, int64_t n, float* dst, int64_t ld) {
+  for (int64_t r = 0; r < kRows; ++r) {
+    float* row = dst + r * ld;
+    for (int64_t e = 0; e < ld; ++e) row[e] = 0;
+    if (r < count) load_vec<D>(p, off(st, b, h, i0 + r), n, row);
+  }
+}
+
+// Scores of rows [i0, i0 + count) against keys [0, n): s[r][j] = (q_r . k_j) * scale + mask,
+// -inf past each row's causal limit (columns up to nc = round16(n) are written).
+OPENNEURON_INLINE void scores4(const AttentionArgs& a, const float* q4, int64_t ldq,
+                               const float* kt, int64_t ldk, int64_t b, int64_t h, int64_t i0,
+                               int64_t count, int64_t n, float* s4, int64_t lds) {
+  gemm_rows(q4, ldq, a.E, kt, ldk, round16(n), s4, lds);
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t i = i0 + r;
+    float* s = s4 + r * lds;
+    const int64_t nr = a.causal ? std::min(n, i + 1) : n;
+    for (int64_t j = 0; j < nr; ++j) s[j] *= a.scale;
+    if (a.mask) {
+      const int64_t mo = b * a.m.s[0] + h * a.m.s[1] + i * a.m.s[2];
+      for (int64_t j = 0; j < nr; ++j) s[j] += load1(a.mask_dtype, a.mask, mo + j * a.m.s[3]);
+    }
+    for (int64_t j = nr; j < n; ++j) s[j] = -INFINITY;
+  }
+}
+
+// K transposed ([E][ldk], keys [0, n)) and V ([n][ldv]) of (b, h) as floats.
+template <class D>
+OPENNEURON_INLINE void load_kv(const AttentionArgs& a, const void* k, const void* v, int64_t b,
+                               int64_t h, int64_t n, float* kt, int64_t ldk, float* vf,
+                               int64_t ldv, float* tmp) {
+  for (int64_t j = 0; j < n; ++j) {
+    load_vec<D>(k, off(a.k, b, h, j), a.E, tmp);
+    for (int64_t e = 0; e < a.E; ++e) kt[e * ldk + j] = tmp[e];
+    float* vr = vf + j * ldv;
+    load_vec<D>(v, off(a.v, b, h, j), a.Ev, vr);
+    for (int64_t e = a.Ev; e < ldv; ++e) vr[e] = 0;
+  }
+  for (int64_t e = 0; e < a.E; ++e)
+    for (int64_t j = n; j < round16(n); ++j) kt[e * ldk + j] = 0;
+}
+
+struct FwdLayout {
+  int64_t ldk, ldv, ldq;  // Kt row stride (keys, padded), V row stride, q row stride
+  size_t floats;
+};
+
+FwdLayout fwd_layout(const AttentionArgs& a) {
+  FwdLayout l;
+  l.ldk = round16(a.S);
+  l.ldv = round16(a.Ev);
+  l.ldq = round16(a.E);
+  l.floats = static_cast<size_t>(a.E * l.ldk + a.S * l.ldv + kRows * l.ldq + kRows * l.ldk +
+                                 kRows * l.ldv + l.ldq + 64);
+  return l;
+}
+
+template <class D>
+OPENNEURON_INLINE void forward_task(const AttentionArgs& a, const FwdLayout& l, const void* q,
+                                    const void* k, const void* v, void* out, float* lse,
+                                    int64_t task, float* buf) {
   const int64_t blocks = (a.L + kQueryBlock - 1) / kQueryBlock;
   const int64_t bh = task / blocks, blk = task % blocks;
   const int64_t b = bh / a.H, h = bh % a.H;
   const int64_t i0 = blk * kQueryBlock, i1 = std::min(a.L, i0 + kQueryBlock);
-  float* kt = buf;
-  float* vf = kt + a.E * a.S;
-  float* s = vf + a.S * a.Ev;
-  float* qf = s + a.S;
-  float* o = qf + std::max(a.E, a.Ev);
+  float* kt = buf;                   // [E][ldk]
+  float* vf = kt + a.E * l.ldk;      // [S][ldv]
+  float* q4 = vf + a.S * l.ldv;      // [kRows][ldq]
+  float* s4 = q4 + kRows * l.ldq;    // [kRows][ldk]
+  float* o4 = s4 + kRows * l.ldk;    // [kRows][ldv]
+  float* tmp = o4 + kRows * l.ldv;   // [ldq]
   const int64_t n_max = a.causal ? std::min(a.S, i1) : a.S;
-  // Only the keys this block can see.
-  {  // kt rows keep stride a.S (scores() reads kt + e * a.S).
-    for (int64_t j = 0; j < n_max; ++j) {
-      load_vec<D>(k, off(a.k, b, h, j), a.E, o);
-      for (int64_t e = 0; e < a.E; ++e) kt[e * a.S + j] = o[e];
-      load_vec<D>(v, off(a.v, b, h, j), a.Ev, vf + j * a.Ev);
-    }
-  }
-  for (int64_t i = i0; i < i1; ++i) {
-    const int64_t n = a.causal ? std::min(a.S, i + 1) : a.S;
-    load_vec<D>(q, off(a.q, b, h, i), a.E, qf);
-    scores(a, qf, kt, b, h, i, n, s);
-    const float m = max_f32(s, n);
-    for (int64_t e = 0; e < a.Ev; ++e) o[e] = 0;
-    const int64_t row = (b * a.H + h) * a.L + i;
-    if (n == 0 || m == -INFINITY) {
-      lse[row] = -INFINITY;
-    } else {
+  load_kv<D>(a, k, v, b, h, n_max, kt, l.ldk, vf, l.ldv, tmp);
+  for (int64_t g = i0; g < i1; g += kRows) {
+    const int64_t count = std::min(kRows, i1 - g);
+    const int64_t n = a.causal ? std::min(a.S, g + count) : a.S;
+    float inv[kRows] = {};
+    load_rows<D>(q, a.q, b, h, g, count, a.E, q4, l.ldq);
+    if (n > 0) scores4(a, q4, l.ldq, kt, l.ldk, b, h, g, count, n, s4, l.ldk);
+    for (int64_t r = 0; r < kRows; ++r) {
+      float* s = s4 + r * l.ldk;
+      const int64_t row = (b * a.H + h) * a.L + g + r;
+      const float m = r < count && n > 0 ? max_f32(s, n) : -INFINITY;
+      if (m == -INFINITY) {  // fully masked (or a padding row): p = 0, out = 0
+        for (int64_t j = 0; j < n; ++j) s[j] = 0;
+        if (r < count) lse[row] = -INFINITY;
+        continue;
+      }
       for (int64_t j = 0; j < n; ++j) s[j] = exp_f32(s[j] - m);
       const float sum = sum_f32(s, n);
-      for (int64_t j = 0; j < n; ++j) {
-        const float p = s[j];
-        const float* vr = vf + j * a.Ev;
-        for (int64_t e = 0; e < a.Ev; ++e) o[e] += p * vr[e];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t e = 0; e < a.Ev; ++e) o[e] *= inv;
+      inv[r] = 1.0f / sum;
       lse[row] = m + std::log(sum);
     }
-    store_vec<D>(o, out, row * a.Ev, a.Ev);
+    gemm_rows(s4, l.ldk, n, vf, l.ldv, l.ldv, o4, l.ldv);
+    for (int64_t r = 0; r < count; ++r) {
+      float* o = o4 + r * l.ldv;
+      for (int64_t e = 0; e < a.Ev; ++e) o[e] *= inv[r];
+      store_vec<D>(o, out, ((b * a.H + h) * a.L + g + r) * a.Ev, a.Ev);
+    }
   }
 }
 
 OPENNEURON_KERNEL_TARGETS
-void forward_range(const AttentionArgs& a, const void* q, const void* k, const void* v,
-                   void* out, float* lse, int64_t t0, int64_t t1, float* buf) {
+void forward_range(const AttentionArgs& a, const FwdLayout& l, const void* q, const void* k,
+                   const void* v, void* out, float* lse, int64_t t0, int64_t t1, float* buf) {
   for (int64_t t = t0; t < t1; ++t) {
     switch (a.dtype) {
       case DType::F32:
-        forward_task<F32>(a, q, k, v, out, lse, t, buf);
+        forward_task<F32>(a, l, q, k, v, out, lse, t, buf);
         break;
       case DType::BF16:
-        forward_task<BF16>(a, q, k, v, out, lse, t, buf);
+        forward_task<BF16>(a, l, q, k, v, out, lse, t, buf);
         break;
       case DType::F16:
-        forward_task<F16>(a, q, k, v, out, lse, t, buf);
+        forward_task<F16>(a, l, q, k, v, out, lse, t, buf);
         break;
     }
   }
+}
+
+struct BwdLayout {
+  int64_t ldk, lde, ldv;  // keys padded, E padded, Ev padded
+  size_t floats;
+};
+
+BwdLayout bwd_layout(const AttentionArgs& a) {
+  BwdLayout l;
+  l.ldk = round16(a.S);
+  l.lde = round16(a.E);
+  l.ldv = round16(a.Ev);
+  const int64_t S = a.S;
+  l.floats = static_cast<size_t>(a.E * l.ldk + a.Ev * l.ldk + S * l.lde + S * l.lde +
+                                 S * l.ldv + S * l.ldv + 3 * kRows * l.ldk + 2 * kRows * l.lde +
+                                 2 * kRows * l.ldv + l.lde + l.ldv + 64);
+  return l;
 }
 
 template <class D>
-OPENNEURON_INLINE void backward_task(const AttentionArgs& a, const void* q, const void* k,
-                                     const void* v, const void* out, const Strides4& os,
-                                     const void* gout, const Strides4& gs, const float* lse,
-                                     void* dq, void* dk, void* dv, int64_t bh, float* buf) {
+OPENNEURON_INLINE void backward_task(const AttentionArgs& a, const BwdLayout& l, const void* q,
+                                     const void* k, const void* v, const void* out,
+                                     const Strides4& os, const void* gout, const Strides4& gs,
+                                     const float* lse, void* dq, void* dk, void* dv, int64_t bh,
+                                     float* buf) {
   const int64_t b = bh / a.H, h = bh % a.H;
   const int64_t S = a.S, E = a.E, Ev = a.Ev;
-  float* kt = buf;              // [E][S]
-  float* vt = kt + E * S;       // [Ev][S]
-  float* kf = vt + Ev * S;      // [S][E]
-  float* dkf = kf + S * E;      // [S][E]
-  float* dvf = dkf + S * E;     // [S][Ev]
-  float* s = dvf + S * Ev;      // [S]
-  float* dp = s + S;            // [S]
-  float* qf = dp + S;           // [E]
-  float* dqf = qf + E;          // [E]
-  float* gf = dqf + E;          // [Ev]
-  float* of = gf + Ev;          // [Ev]
+  float* kt = buf;                 // [E][ldk]   K^T
+  float* vt = kt + E * l.ldk;      // [Ev][ldk]  V^T
+  float* kf = vt + Ev * l.ldk;     // [S][lde]   K
+  float* dkf = kf + S * l.lde;     // [S][lde]
+  float* vf = dkf + S * l.lde;     // [S][ldv]   V
+  float* dvf = vf + S * l.ldv;     // [S][ldv]
+  float* p4 = dvf + S * l.ldv;     // [kRows][ldk] probabilities
+  float* dp4 = p4 + kRows * l.ldk; // [kRows][ldk] dP, then dS * scale
+  float* q4 = dp4 + kRows * l.ldk; // [kRows][lde]
+  float* dq4 = q4 + kRows * l.lde; // [kRows][lde]
+  float* g4 = dq4 + kRows * l.lde; // [kRows][ldv] grad_out rows
+  float* o4 = g4 + kRows * l.ldv;  // [kRows][ldv] out rows
+  load_kv<D>(a, k, v, b, h, S, kt, l.ldk, vf, l.ldv, dkf);
   for (int64_t j = 0; j < S; ++j) {
-    load_vec<D>(k, off(a.k, b, h, j), E, kf + j * E);
-    for (int64_t e = 0; e < E; ++e) kt[e * S + j] = kf[j * E + e];
-    load_vec<D>(v, off(a.v, b, h, j), Ev, gf);
-    for (int64_t e = 0; e < Ev; ++e) vt[e * S + j] = gf[e];
+    float* kr = kf + j * l.lde;
+    load_vec<D>(k, off(a.k, b, h, j), E, kr);
+    for (int64_t e = E; e < l.lde; ++e) kr[e] = 0;
+    for (int64_t e = 0; e < Ev; ++e) vt[e * l.ldk + j] = vf[j * l.ldv + e];
   }
-  for (int64_t x = 0; x < S * E; ++x) dkf[x] = 0;
-  for (int64_t x = 0; x < S * Ev; ++x) dvf[x] = 0;
-  for (int64_t i = 0; i < a.L; ++i) {
-    const int64_t row = (b * a.H + h) * a.L + i;
-    const int64_t n = a.causal ? std::min(S, i + 1) : S;
-    const float l = lse[row];
-    for (int64_t e = 0; e < E; ++e) dqf[e] = 0;
-    if (n > 0 && l != -INFINITY) {
-      load_vec<D>(q, off(a.q, b, h, i), E, qf);
-      load_vec<D>(gout, off(gs, b, h, i), Ev, gf);
-      load_vec<D>(out, off(os, b, h, i), Ev, of);
-      const float di = dot_f32(gf, of, Ev);
-      scores(a, qf, kt, b, h, i, n, s);
-      for (int64_t j = 0; j < n; ++j) s[j] = exp_f32(s[j] - l);  // probabilities
-      for (int64_t j = 0; j < n; ++j) dp[j] = 0;
-      for (int64_t e = 0; e < Ev; ++e) {
-        const float ge = gf[e];
-        const float* vr = vt + e * S;
-        for (int64_t j = 0; j < n; ++j) dp[j] += ge * vr[j];
-      }
-      for (int64_t j = 0; j < n; ++j) dp[j] = s[j] * (dp[j] - di) * a.scale;  // dS * scale
-      for (int64_t j = 0; j < n; ++j) {
-        const float p = s[j], d = dp[j];
-        float* dvr = dvf + j * Ev;
-        for (int64_t e = 0; e < Ev; ++e) dvr[e] += p * gf[e];
-        const float* kr = kf + j * E;
-        float* dkr = dkf + j * E;
-        for (int64_t e = 0; e < E; ++e) {
-          dqf[e] += d * kr[e];
-          dkr[e] += d * qf[e];
-        }
-      }
+  for (int64_t e = 0; e < Ev; ++e)
+    for (int64_t j = S; j < l.ldk; ++j) vt[e * l.ldk + j] = 0;
+  for (int64_t x = 0; x < S * l.lde; ++x) dkf[x] = 0;
+  for (int64_t x = 0; x < S * l.ldv; ++x) dvf[x] = 0;
+  for (int64_t g = 0; g < a.L; g += kRows) {
+    const int64_t count = std::min(kRows, a.L - g);
+    const int64_t n = a.causal ? std::min(S, g + count) : S;
+    load_rows<D>(q, a.q, b, h, g, count, E, q4, l.lde);
+    load_rows<D>(gout, gs, b, h, g, count, Ev, g4, l.ldv);
+    load_rows<D>(out, os, b, h, g, count, Ev, o4, l.ldv);
+    if (n > 0) {
+      scores4(a, q4, l.lde, kt, l.ldk, b, h, g, count, n, p4, l.ldk);
+      gemm_rows(g4, l.ldv, Ev, vt, l.ldk, round16(n), dp4, l.ldk);
     }
-    store_vec<D>(dqf, dq, row * E, E);
+    for (int64_t r = 0; r < kRows; ++r) {
+      float* p = p4 + r * l.ldk;
+      float* d = dp4 + r * l.ldk;
+      const float lr = r < count ? lse[(b * a.H + h) * a.L + g + r] : -INFINITY;
+      if (lr == -INFINITY) {
+        for (int64_t j = 0; j < n; ++j) p[j] = d[j] = 0;
+        continue;
+      }
+      const float di = dot_f32(g4 + r * l.ldv, o4 + r * l.ldv, Ev);
+      for (int64_t j = 0; j < n; ++j) p[j] = exp_f32(p[j] - lr);
+      for (int64_t j = 0; j < n; ++j) d[j] = p[j] * (d[j] - di) * a.scale;
+    }
+    if (n > 0) {
+      gemm_rows(dp4, l.ldk, n, kf, l.lde, l.lde, dq4, l.lde);
+      rank_update(dvf, l.ldv, n, l.ldv, p4, l.ldk, g4, l.ldv);
+      rank_update(dkf, l.lde, n, l.lde, dp4, l.ldk, q4, l.lde);
+    } else {
+      for (int64_t x = 0; x < kRows * l.lde; ++x) dq4[x] = 0;
+    }
+    for (int64_t r = 0; r < count; ++r)
+      store_vec<D>(dq4 + r * l.lde, dq, ((b * a.H + h) * a.L + g + r) * E, E);
   }
-  const int64_t kv_row = bh * S;
-  store_vec<D>(dkf, dk, kv_row * E, S * E);
-  store_vec<D>(dvf, dv, kv_row * Ev, S * Ev);
+  for (int64_t j = 0; j < S; ++j) {
+    store_vec<D>(dkf + j * l.lde, dk, (bh * S + j) * E, E);
+    store_vec<D>(dvf + j * l.ldv, dv, (bh * S + j) * Ev, Ev);
+  }
 }
 
 OPENNEURON_KERNEL_TARGETS
-void backward_range(const AttentionArgs& a, const void* q, const void* k, const void* v,
-                    const void* out, const Strides4& os, const void* gout, const Strides4& gs,
-                    const float* lse, void* dq, void* dk, void* dv, int64_t t0, int64_t t1,
-                    float* buf) {
+void backward_range(const AttentionArgs& a, const BwdLayout& l, const void* q, const void* k,
+                    const void* v, const void* out, const Strides4& os, const void* gout,
+                    const Strides4& gs, const float* lse, void* dq, void* dk, void* dv,
+                    int64_t t0, int64_t t1, float* buf) {
   for (int64_t t = t0; t < t1; ++t) {
     switch (a.dtype) {
       case DType::F32:
-        backward_task<F32>(a, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t, buf);
+        backward_task<F32>(a, l, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t, buf);
         break;
       case DType::BF16:
-        backward_task<BF16>(a, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t, buf);
+        backward_task<BF16>(a, l, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t, buf);
         break;
       case DType::F16:
-        backward_task<F16>(a, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t, buf);
+        backward_task<F16>(a, l, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t, buf);
         break;
     }
   }
@@ -213,11 +316,10 @@ void attention_forward(const AttentionArgs& a, const void* q, const void* k, con
   if (a.B <= 0 || a.H <= 0 || a.L <= 0) return;
   const int64_t blocks = (a.L + kQueryBlock - 1) / kQueryBlock;
   const int64_t tasks = a.B * a.H * blocks;
-  const size_t floats =
-      static_cast<size_t>(a.E * a.S + a.S * a.Ev + a.S + std::max(a.E, a.Ev) + a.Ev + 16);
+  const FwdLayout l = fwd_layout(a);
   runtime::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> buf(floats);
-    forward_range(a, q, k, v, out, lse, t0, t1, buf.data());
+    std::vector<float> buf(l.floats);
+    forward_range(a, l, q, k, v, out, lse, t0, t1, buf.data());
   });
 }
 
@@ -225,13 +327,11 @@ void attention_backward(const AttentionArgs& a, const void* q, const void* k, co
                         const void* out, Strides4 out_strides, const void* grad_out,
                         Strides4 grad_strides, const float* lse, void* dq, void* dk, void* dv) {
   if (a.B <= 0 || a.H <= 0) return;
-  const int64_t S = a.S, E = a.E, Ev = a.Ev;
-  const size_t floats =
-      static_cast<size_t>(E * S + Ev * S + 2 * S * E + S * Ev + 2 * S + 2 * E + 2 * Ev + 16);
+  const BwdLayout l = bwd_layout(a);
   runtime::parallel_for(0, a.B * a.H, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> buf(floats);
-    backward_range(a, q, k, v, out, out_strides, grad_out, grad_strides, lse, dq, dk, dv, t0, t1,
-                   buf.data());
+    std::vector<float> buf(l.floats);
+    backward_range(a, l, q, k, v, out, out_strides, grad_out, grad_strides, lse, dq, dk, dv, t0,
+                   t1, buf.data());
   });
 }
 

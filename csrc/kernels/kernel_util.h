@@ -27,8 +27,10 @@ inline const char* dtype_name(DType d) {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-// One clone per ISA level; the dynamic loader picks the best one for this CPU.
-#define OPENNEURON_KERNEL_TARGETS __attribute__((target_clones("avx512f", "avx2", "default")))
+// One clone per ISA level (x86-64-v4: AVX-512; v3: AVX2 + FMA); the dynamic loader picks the
+// best one for this CPU. FMA is only used where a file allows contraction (attention.cpp).
+#define OPENNEURON_KERNEL_TARGETS \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define OPENNEURON_KERNEL_TARGETS
 #endif

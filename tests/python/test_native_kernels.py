@@ -142,17 +142,17 @@ def test_sdpa_masks(mask_shape, kind):
 
 
 @pytest.fixture
-def hand_sdpa():
-    previous = torch.ops.openneuron._sdpa_kernel("hand")
+def aten_flash_sdpa():
+    previous = torch.ops.openneuron._sdpa_kernel("aten_flash")
     yield
     torch.ops.openneuron._sdpa_kernel(previous)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["causal", "float_mask", "bool_mask", "plain"])
-def test_sdpa_hand_written_kernel(hand_sdpa, dtype, case):
-    """The hand-written kernel (used where ATen's CPU flash kernel cannot run: value head size
-    != query head size; selectable with torch.ops.openneuron._sdpa_kernel("hand"))."""
+def test_sdpa_aten_flash_option(aten_flash_sdpa, dtype, case):
+    """The other implementation of the overrideable ops: ATen's CPU flash kernel in one work
+    item (torch.ops.openneuron._sdpa_kernel("aten_flash"))."""
     torch.manual_seed(2)
     q, k, v = torch.randn(2, 3, 33, 16), torch.randn(2, 3, 40, 16), torch.randn(2, 3, 40, 16)
     kw = {"causal": dict(is_causal=True), "plain": dict(scale=0.5),

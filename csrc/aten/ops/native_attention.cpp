@@ -133,11 +133,12 @@ kernels::AttentionArgs make_args(const at::Tensor& q, const at::Tensor& k, const
   return a;
 }
 
-// Which kernel runs the overrideable SDPA ops: the hand-written one (csrc/kernels/attention.h)
-// or ATen's CPU flash-attention kernel on host views of the device buffers (one work item
-// through the asynchronous ATen path; bitwise the CPU eager result).
+// Which kernel runs the overrideable SDPA ops: the hand-written one (csrc/kernels/attention.h,
+// the default: measured faster, benchmarks/kernels.py) or ATen's CPU flash-attention kernel on
+// host views of the device buffers (one work item through the asynchronous ATen path; bitwise
+// the CPU eager result; needs equal q/k/v head sizes).
 // torch.ops.openneuron._sdpa_kernel("hand" | "aten_flash") switches (benchmarks/kernels.py).
-std::atomic<bool> g_use_aten_flash{true};
+std::atomic<bool> g_use_aten_flash{false};
 
 std::string set_sdpa_kernel(const std::string& which) {
   const bool was = g_use_aten_flash.load();
