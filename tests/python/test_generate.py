@@ -100,3 +100,24 @@ def test_greedy_generate_static_cache_matches_cpu(device):
     assert torch.equal(got, ref), f"neuron {got.tolist()} vs cpu {ref.tolist()}"
     assert hasattr(neuron_model, "_compiled_call")  # the compiled decoding step really ran
     assert _fallback_and_sync_ops() == set()
+
+
+def test_sampled_generate_is_reproducible_per_seed(device):
+    # do_sample draws from the neuron generator (top-k/top-p filtering, multinomial): not the
+    # CPU's stream (as on CUDA), but the same seed gives the same tokens, a new seed new ones.
+    model = _model("llama").to(device)
+    prompt = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(4))
+
+    def sample(seed):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return model.generate(prompt.to(device), do_sample=True, top_k=20, top_p=0.95,
+                                  temperature=1.5, max_new_tokens=NEW_TOKENS,
+                                  min_new_tokens=NEW_TOKENS, pad_token_id=PAD).cpu()
+
+    openneuron.ops_report(print_table=False, reset=True)
+    a, b, c = sample(11), sample(11), sample(12)
+    assert _fallback_and_sync_ops() == set()
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    assert torch.equal(a[:, :6], prompt) and int(a.max()) < VOCAB
