@@ -203,7 +203,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool]
 UNARY_OPS = ["neg", "abs", "tanh", "exp", "log", "sqrt", "rsqrt", "reciprocal", "erf", "cos",
              "relu", "square", "cube", "sigmoid", "sum", "amax", "transpose", "mul_",
              "cast", "scalar"]
-BINARY_OPS = ["add", "sub", "mul", "div", "lt", "ge", "eq", "where", "maximum"]
+BINARY_OPS = ["add", "sub", "mul", "div", "lt", "ge", "eq", "where", "maximum", "iadd", "imul"]
 
 
 @st.composite
@@ -272,6 +272,9 @@ def apply_op(pool, op):
         return torch.where(c > 0 if c.dtype != torch.bool else c, a, b)
     if name == "maximum":
         return torch.maximum(a, b)
+    if name in ("iadd", "imul"):  # in-place on a (pending) result
+        t = a * 1 if a.dtype != torch.bool else a.to(torch.int64)
+        return t.add_(b) if name == "iadd" else t.mul_(b)
     raise AssertionError(name)
 
 
@@ -340,6 +343,33 @@ def test_referenced_intermediate_is_written(fusion):
     assert_bitwise(b, x.cpu() * 3 + 1)
 
 
+def test_inplace_ops_on_pending_results_are_fused(fusion):
+    x = torch.randn(1000, 7, device=NEURON)
+
+    def f(x):
+        y = x * 2
+        y.add_(1)
+        y.mul_(3)
+        y.tanh_()  # tanh.out(y, out=y): the boxed path
+        y += x
+        return y
+
+    off, on = run_both(f, x)
+    assert_bitwise(off, on)
+    s = torch.neuron.fusion_stats()
+    assert s["ops_fused"] == 5 and s["groups"] == 1 and s["outputs_written"] == 1, s
+
+
+def test_inplace_on_an_input_closes_the_group(fusion):
+    x = torch.randn(100, device=NEURON)
+    xc = x.cpu()
+    torch.neuron.set_fusion_enabled(True)
+    y = x * 2
+    x.add_(1)  # y must see the old x
+    assert_bitwise(y, xc * 2)
+    assert_bitwise(x, xc + 1)
+
+
 def test_all_dead_group_launches_nothing(fusion):
     torch.neuron.set_fusion_enabled(True)
     x = torch.randn(1000, device=NEURON)
@@ -395,10 +425,10 @@ BOUNDARY_SNIPPETS = {
                      "    z = x + 1\ntorch.neuron.synchronize()",
     "shape change": "y = x * 2; z = x[0] + 1",
     "size limit": "torch.neuron.set_fusion_max_ops(3)\ny = x\nfor _ in range(5): y = y + 1",
-    "in-place op": "y = x * 2; torch.tanh(y, out=y)",
+    "in-place op": "y = x * 2; x.tanh_()",
     "writes memory a pending op uses": "z = torch.empty_like(x); y = x * z; torch.exp(x, out=z)",
     "reads a view of a pending result": "y = x * 2; z = y.t() + 1",
-    "other work enqueued": "y = x * 2; y.mul_(3)",
+    "other work enqueued": "y = x * 2; z = torch.zeros(3, device='neuron')",
     "aten::sum.IntList_out": "y = x * 2; z = y.sum(0)",
 }
 

@@ -254,16 +254,36 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
     }
   }
   // Aliasing: the op must not write memory the group reads or writes, and must not read a
-  // pending result through a different view; in-place ops run the ordinary way.
+  // pending result through a different view. In-place ops are recorded only on a pending
+  // result with its exact geometry (the result's value is then replaced); others run the
+  // ordinary way.
   const c10::StorageImpl* out_impl = out.storage().unsafeGetStorageImpl();
+  int inplace = -1;
+  bool writes_arg = false;
   for (int i = 0; i < r.nargs; ++i) {
     const at::Tensor* t = r.args[i].tensor;
-    if (t && t->storage().unsafeGetStorageImpl() == out_impl) {
+    writes_arg |= t && t->storage().unsafeGetStorageImpl() == out_impl;
+  }
+  if (writes_arg) {
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const Output& o = outputs_[i];
+      if (o.storage.unsafeGetStorageImpl() == out_impl && o.dtype == out.scalar_type() &&
+          o.offset == out.storage_offset() && out.strides().equals(o.strides))
+        inplace = static_cast<int>(i);
+    }
+    bool ok = inplace >= 0;
+    for (int i = 0; i < r.nargs && ok; ++i) {
+      const at::Tensor* t = r.args[i].tensor;
+      if (t && t->storage().unsafeGetStorageImpl() == out_impl)
+        ok = t->scalar_type() == out.scalar_type() && t->storage_offset() == out.storage_offset() &&
+             t->sizes().equals(out.sizes()) && t->strides().equals(out.strides());
+    }
+    if (!ok) {
       flush("in-place op", garbage);
       return false;
     }
   }
-  if (!empty()) {
+  if (!empty() && inplace < 0) {
     bool conflict = false;
     for (const Output& o : outputs_) conflict |= o.storage.unsafeGetStorageImpl() == out_impl;
     for (const Input& in : inputs_) conflict |= in.storage.unsafeGetStorageImpl() == out_impl;
@@ -395,17 +415,23 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
     }
   }
   res = cast(res, od);
-  Output o;
-  o.storage = out.storage();
-  o.data = out.data_ptr();
-  o.nbytes = out.numel() * static_cast<int64_t>(out.itemsize());
-  o.strides.assign(out.strides().begin(), out.strides().end());
-  o.offset = out.storage_offset();
-  o.dtype = out.scalar_type();
-  o.value = res;
-  eager_bytes_ += o.nbytes;
-  release_dead(garbage);
-  outputs_.push_back(std::move(o));
+  if (inplace >= 0) {
+    outputs_[inplace].value = res;
+    eager_bytes_ += outputs_[inplace].nbytes;
+    release_dead(garbage);
+  } else {
+    Output o;
+    o.storage = out.storage();
+    o.data = out.data_ptr();
+    o.nbytes = out.numel() * static_cast<int64_t>(out.itemsize());
+    o.strides.assign(out.strides().begin(), out.strides().end());
+    o.offset = out.storage_offset();
+    o.dtype = out.scalar_type();
+    o.value = res;
+    eager_bytes_ += o.nbytes;
+    release_dead(garbage);
+    outputs_.push_back(std::move(o));
+  }
   names_.push_back(fn_name(r.fn));
   ++ops_;
   g_stats.ops_fused.fetch_add(1, std::memory_order_relaxed);

@@ -23,6 +23,8 @@ namespace openneuron::aten {
 namespace {
 
 enum class Binary { Add, Sub, Mul, Div };
+constexpr fusion::Fn kFusionFn[4] = {fusion::Fn::kAdd, fusion::Fn::kSub, fusion::Fn::kMul,
+                                     fusion::Fn::kDiv};
 
 // A contiguous operand seen as a flat range of its storage (not owned: host_views.h).
 struct Flat {
@@ -140,10 +142,8 @@ at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const c10::Sc
   g.offset = 0;
   at::Tensor out = device_empty(g, self.device());
   // Adaptive eager: recorded into the pending group instead of enqueued.
-  static constexpr fusion::Fn kFn[4] = {fusion::Fn::kAdd, fusion::Fn::kSub, fusion::Fn::kMul,
-                                        fusion::Fn::kDiv};
-  if (fusion::enabled() &&
-      fusion::try_record_binary(kFn[static_cast<int>(kKind)], info.name, out, self, other, alpha))
+  if (fusion::enabled() && fusion::try_record_binary(kFusionFn[static_cast<int>(kKind)], info.name,
+                                                     out, self, other, alpha))
     return out;
   enqueue(kKind, info.name, out, self, other, alpha);
   return out;
@@ -166,6 +166,10 @@ at::Tensor& binary_(at::Tensor& self, const at::Tensor& other, const c10::Scalar
   OpInfo& info = info_of<kKind>(true);
   info.native_calls.fetch_add(1, std::memory_order_relaxed);
   const c10::DeviceGuard guard(self.device());
+  // Adaptive eager: in-place on a pending result is recorded too.
+  if (fusion::enabled() && fusion::try_record_binary(kFusionFn[static_cast<int>(kKind)], info.name,
+                                                     self, self, other, alpha))
+    return self;
   enqueue(kKind, info.name, self, self, other, alpha);
   return self;
 }
