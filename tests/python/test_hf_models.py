@@ -35,7 +35,7 @@ GRAD_TOL = {"rtol": 1e-4, "atol": 1e-6}
 PARAM_TOL = {"rtol": 0.0, "atol": 2e-2 * LR}
 # bf16 autocast: neuron follows CUDA's autocast op lists, the CPU its own (e.g. CPU autocast
 # keeps some ops in float32 that CUDA's lists run in bf16), so the two losses are two different
-# bf16 computations; with losses ~ln(VOCAB) = 4.85 they agree to well within 2e-2 (0.4%).
+# bf16 computations; with losses of 4.8-5.5 they agree to within 2e-2 (seen: <= 2.1e-3).
 BF16_LOSS_ATOL = 2e-2
 
 # Ops that wait for the device by nature in a training step (the output shape or a Python-side
