@@ -485,6 +485,14 @@ def test_env_var_off_by_default(run_py):
     assert r.stdout.strip() == "False", r.stderr
 
 
+def test_launch_blocking_overrides_env_switch(run_py):
+    code = "import torch; print(torch.neuron.is_fusion_enabled())"
+    env = {"TORCH_NEURONX_ENABLE_CONCATENATION": "1"}
+    assert run_py(code, env=env).stdout.strip() == "True"
+    env["NEURON_LAUNCH_BLOCKING"] = "1"
+    assert run_py(code, env=env).stdout.strip() == "False"
+
+
 def test_threads_record_while_another_synchronizes(fusion):
     torch.neuron.set_fusion_enabled(True)
     errors = []

@@ -719,7 +719,12 @@ void runtime_hook(runtime::FlushPoint p) { flush(flush_point_name(p)); }
 
 const bool kInit = [] {
   const char* on = std::getenv("TORCH_NEURONX_ENABLE_CONCATENATION");
-  detail::enabled.store(on && std::strcmp(on, "1") == 0, std::memory_order_relaxed);
+  // NOTE: NEURON_LAUNCH_BLOCKING=1 (debugging: every op runs as it is issued) wins over the
+  // env switch; torch.neuron.set_fusion_enabled(True) still turns fusion on explicitly.
+  const char* blocking = std::getenv("NEURON_LAUNCH_BLOCKING");
+  const bool launch_blocking = blocking && std::strcmp(blocking, "1") == 0;
+  detail::enabled.store(on && std::strcmp(on, "1") == 0 && !launch_blocking,
+                        std::memory_order_relaxed);
   const char* log = std::getenv("OPENNEURON_FUSION_LOG");
   g_log.store(log && std::strcmp(log, "0") != 0 && *log != '\0', std::memory_order_relaxed);
   const char* max_ops = std::getenv("OPENNEURON_FUSION_MAX_OPS");
