@@ -109,8 +109,10 @@ def cases(quick: bool):
     return out
 
 
-def measure_interleaved(fns: dict[str, tuple[Callable[[], object], torch.device, Callable[[], None]]],
-                        iters: int, repeats: int) -> dict[str, float]:
+Variant = tuple[Callable[[], object], torch.device, Callable[[], None]]  # fn, device, setup
+
+
+def measure_interleaved(fns: dict[str, Variant], iters: int, repeats: int) -> dict[str, float]:
     """Best-of-repeats seconds per call for each variant, measured round-robin (ABCABC...) so
     that load from other processes on a shared host hits every variant alike."""
     best = {k: float("inf") for k in fns}

@@ -47,7 +47,9 @@ OPENNEURON_INLINE float float_of(uint32_t u) {
   return f;
 }
 
-OPENNEURON_INLINE float bf16_to_float(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
+OPENNEURON_INLINE float bf16_to_float(uint16_t h) {
+  return float_of(static_cast<uint32_t>(h) << 16);
+}
 OPENNEURON_INLINE uint16_t float_to_bf16(float f) {
   uint32_t u = bits_of(f);
   if (f != f) return 0x7fc0;

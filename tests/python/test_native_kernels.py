@@ -250,16 +250,17 @@ def run_adam(cls, device, dtype, steps=3, **kw):
 
 @pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
 @pytest.mark.parametrize("kw", [dict(), dict(weight_decay=0.1), dict(amsgrad=True),
-                                dict(maximize=True, weight_decay=0.05), dict(lr=torch.tensor(0.01))])
+                                dict(maximize=True, weight_decay=0.05),
+                                dict(lr=torch.tensor(0.01))])
 def test_fused_adam_matches_cpu(cls, kw):
-    before = native_calls("aten::_fused_adamw_" if cls is torch.optim.AdamW else "aten::_fused_adam_")
+    op = "aten::_fused_adamw_" if cls is torch.optim.AdamW else "aten::_fused_adam_"
+    before = native_calls(op)
     ref = run_adam(cls, "cpu", torch.float32, fused=True, **kw)
     got = run_adam(cls, DEV, torch.float32, fused=True, **kw)
     for a_list, c_list in zip(got, ref):
         for a, c in zip(a_list, c_list):
             torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
-    after = native_calls("aten::_fused_adamw_" if cls is torch.optim.AdamW else "aten::_fused_adam_")
-    assert after == before + 3
+    assert native_calls(op) == before + 3
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -147,8 +147,9 @@ std::string set_sdpa_kernel(const std::string& which) {
   } else if (which == "aten_flash") {
     g_use_aten_flash = true;
   } else {
-    TORCH_CHECK(which.empty(), "openneuron::_sdpa_kernel: expected \"hand\" or \"aten_flash\", got \"",
-                which, "\"");
+    TORCH_CHECK(which.empty(),
+                "openneuron::_sdpa_kernel: expected \"hand\" or \"aten_flash\", got \"", which,
+                "\"");
   }
   return was ? "aten_flash" : "hand";
 }

@@ -1,10 +1,11 @@
 // Native layer norm (csrc/kernels/layer_norm.h), forward and backward, registered for the
 // neuron device, and the switch that turns all native kernels off (native_kernels.h).
+// Each call checks its inputs, allocates its outputs and enqueues ONE work item that runs the
+// kernel on raw device pointers. Cases the kernel does not cover (other shapes, non-contiguous
+// or empty inputs, other dtypes) take the path they take without it: the boxed fallback
+// (asynchronous ATen CPU kernel).
 // NOTE: a native softmax / log_softmax was measured 1.2-2x slower than ATen's CPU kernel on the
-// asynchronous path and was dropped (/work/notes/kernels.md). Each call checks its inputs, allocates its outputs and enqueues ONE work
-// item that runs the kernel on raw device pointers. Cases the kernels do not cover (other
-// shapes, non-contiguous or empty inputs, other dtypes) take the path they take without these
-// kernels: the boxed fallback (asynchronous ATen CPU kernel).
+// asynchronous path and was dropped (/work/notes/kernels.md).
 #include "aten/ops/native_kernels.h"
 
 #include <torch/library.h>

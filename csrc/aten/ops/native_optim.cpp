@@ -44,8 +44,9 @@ std::optional<std::vector<kernels::AdamTensor>> adam_list(
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& p = params[i];
     if (!on_neuron(p) || p.device() != p0.device() || p.scalar_type() != p0.scalar_type() ||
-        !p.is_contiguous() || p.is_conj() || p.is_neg() || !same_as_param(grads[i], p) || !same_as_param(exp_avgs[i], p) ||
-        !same_as_param(exp_avg_sqs[i], p) || (amsgrad && !same_as_param(max_exp_avg_sqs[i], p)))
+        !p.is_contiguous() || p.is_conj() || p.is_neg() || !same_as_param(grads[i], p) ||
+        !same_as_param(exp_avgs[i], p) || !same_as_param(exp_avg_sqs[i], p) ||
+        (amsgrad && !same_as_param(max_exp_avg_sqs[i], p)))
       return std::nullopt;
     const at::Tensor& s = state_steps[i];
     if (!on_neuron(s) || s.device() != p0.device() || s.scalar_type() != c10::ScalarType::Float ||
