@@ -60,7 +60,9 @@ Kind kind_of(DType dt) {
   return Kind::kF32;
 }
 
-[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument("ir::execute: " + msg); }
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::invalid_argument("ir::execute: " + msg);
+}
 
 // --- math hooks -----------------------------------------------------------------------------
 
@@ -71,10 +73,24 @@ std::array<std::atomic<VecMathFn2F64>, kNumOps> g_f64_binary{};
 
 bool hookable_unary(Op op) {
   switch (op) {
-    case Op::kExp: case Op::kExp2: case Op::kExpm1: case Op::kLog: case Op::kLog2:
-    case Op::kLog10: case Op::kLog1p: case Op::kSqrt: case Op::kRsqrt: case Op::kSin:
-    case Op::kCos: case Op::kTan: case Op::kAtan: case Op::kTanh: case Op::kSigmoid:
-    case Op::kErf: case Op::kErfc: case Op::kReciprocal:
+    case Op::kExp:
+    case Op::kExp2:
+    case Op::kExpm1:
+    case Op::kLog:
+    case Op::kLog2:
+    case Op::kLog10:
+    case Op::kLog1p:
+    case Op::kSqrt:
+    case Op::kRsqrt:
+    case Op::kSin:
+    case Op::kCos:
+    case Op::kTan:
+    case Op::kAtan:
+    case Op::kTanh:
+    case Op::kSigmoid:
+    case Op::kErf:
+    case Op::kErfc:
+    case Op::kReciprocal:
       return true;
     default:
       return false;
@@ -106,7 +122,7 @@ struct Hooks<double> {
 
 struct Instr {
   Op op;
-  Kind kind;     // operand kind (kWhere: branch kind; kCast: source kind)
+  Kind kind;  // operand kind (kWhere: branch kind; kCast: source kind)
   Kind out_kind;
   uint8_t round;  // 1: round result to bf16, 2: to f16
   ValueId out, a, b, c;
@@ -118,26 +134,32 @@ struct Program {
   std::vector<ValueId> consts;      // constant values (pinned slots, filled once per task)
   std::vector<ValueId> red_inputs;  // reduced program: reduce nodes read from red buffers
   std::vector<std::pair<int, ValueId>> stores;  // (output, value)
-  std::vector<int> slot;            // per value: slot index or -1
+  std::vector<int> slot;                        // per value: slot index or -1
   int nslots = 0;
 };
 
 struct Plan {
   Program full;
   Program reduced;
-  std::vector<ValueId> reductions;  // reduce nodes (their operands are full-domain values)
-  std::vector<uint8_t> input_in_reduced;   // per input: loaded by the reduced program
-  std::vector<uint8_t> output_reduced;     // per output: stores a reduced value
+  std::vector<ValueId> reductions;        // reduce nodes (their operands are full-domain values)
+  std::vector<uint8_t> input_in_reduced;  // per input: loaded by the reduced program
+  std::vector<uint8_t> output_reduced;    // per output: stores a reduced value
 };
 
-uint8_t round_code(DType dt) {
-  return dt == DType::kBFloat16 ? 1 : dt == DType::kFloat16 ? 2 : 0;
-}
+uint8_t round_code(DType dt) { return dt == DType::kBFloat16 ? 1 : dt == DType::kFloat16 ? 2 : 0; }
 
 bool exact_on_values(Op op) {
   switch (op) {
-    case Op::kNeg: case Op::kAbs: case Op::kSign: case Op::kMax: case Op::kMin:
-    case Op::kWhere: case Op::kFloor: case Op::kCeil: case Op::kTrunc: case Op::kRound:
+    case Op::kNeg:
+    case Op::kAbs:
+    case Op::kSign:
+    case Op::kMax:
+    case Op::kMin:
+    case Op::kWhere:
+    case Op::kFloor:
+    case Op::kCeil:
+    case Op::kTrunc:
+    case Op::kRound:
       return true;
     default:
       return false;
@@ -157,8 +179,8 @@ void build_program(const Kernel& k, const std::vector<uint8_t>& needed, bool red
   for (ValueId v = 0; v < nv; ++v) {
     if (!needed[v]) continue;
     const Node& n = k.node(v);
-    bool source = n.op == Op::kLoad || n.op == Op::kConstant ||
-                  (reduced_domain && op_is_reduction(n.op));
+    bool source =
+        n.op == Op::kLoad || n.op == Op::kConstant || (reduced_domain && op_is_reduction(n.op));
     if (n.op == Op::kLoad) p->loads.push_back(v);
     if (n.op == Op::kConstant) p->consts.push_back(v);
     if (reduced_domain && op_is_reduction(n.op)) p->red_inputs.push_back(v);
@@ -306,12 +328,24 @@ OPENNEURON_IR_INLINE bool compare_op(const Instr& in, void* const* p, int64_t n)
   const void* b = in.b >= 0 ? p[in.b] : nullptr;
   void* y = p[in.out];
   switch (in.op) {
-    case Op::kEq: map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x == z); }); break;
-    case Op::kNe: map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x != z); }); break;
-    case Op::kLt: map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x < z); }); break;
-    case Op::kLe: map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x <= z); }); break;
-    case Op::kGt: map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x > z); }); break;
-    case Op::kGe: map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x >= z); }); break;
+    case Op::kEq:
+      map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x == z); });
+      break;
+    case Op::kNe:
+      map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x != z); });
+      break;
+    case Op::kLt:
+      map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x < z); });
+      break;
+    case Op::kLe:
+      map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x <= z); });
+      break;
+    case Op::kGt:
+      map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x > z); });
+      break;
+    case Op::kGe:
+      map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t(x >= z); });
+      break;
     case Op::kLogicalAnd:
       map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t((x != T(0)) & (z != T(0))); });
       break;
@@ -321,9 +355,14 @@ OPENNEURON_IR_INLINE bool compare_op(const Instr& in, void* const* p, int64_t n)
     case Op::kLogicalXor:
       map2<T, uint8_t>(a, b, y, n, [](T x, T z) { return uint8_t((x != T(0)) ^ (z != T(0))); });
       break;
-    case Op::kLogicalNot: map1<T, uint8_t>(a, y, n, [](T x) { return uint8_t(x == T(0)); }); break;
-    case Op::kWhere: where_loop<T>(a, b, p[in.c], y, n); break;
-    default: return false;
+    case Op::kLogicalNot:
+      map1<T, uint8_t>(a, y, n, [](T x) { return uint8_t(x == T(0)); });
+      break;
+    case Op::kWhere:
+      where_loop<T>(a, b, p[in.c], y, n);
+      break;
+    default:
+      return false;
   }
   return true;
 }
@@ -337,24 +376,78 @@ OPENNEURON_IR_INLINE void std_or_hook(Op op, const void* a, void* y, int64_t n) 
   map1<T, T>(a, y, n, [](T x) { return F(x); });
 }
 
-template <class T> T f_exp(T x) { return std::exp(x); }
-template <class T> T f_exp2(T x) { return std::exp2(x); }
-template <class T> T f_expm1(T x) { return std::expm1(x); }
-template <class T> T f_log(T x) { return std::log(x); }
-template <class T> T f_log2(T x) { return std::log2(x); }
-template <class T> T f_log10(T x) { return std::log10(x); }
-template <class T> T f_log1p(T x) { return std::log1p(x); }
-template <class T> T f_sqrt(T x) { return std::sqrt(x); }
-template <class T> T f_rsqrt(T x) { return T(1) / std::sqrt(x); }
-template <class T> T f_sin(T x) { return std::sin(x); }
-template <class T> T f_cos(T x) { return std::cos(x); }
-template <class T> T f_tan(T x) { return std::tan(x); }
-template <class T> T f_atan(T x) { return std::atan(x); }
-template <class T> T f_tanh(T x) { return std::tanh(x); }
-template <class T> T f_sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
-template <class T> T f_erf(T x) { return std::erf(x); }
-template <class T> T f_erfc(T x) { return std::erfc(x); }
-template <class T> T f_reciprocal(T x) { return T(1) / x; }
+template <class T>
+T f_exp(T x) {
+  return std::exp(x);
+}
+template <class T>
+T f_exp2(T x) {
+  return std::exp2(x);
+}
+template <class T>
+T f_expm1(T x) {
+  return std::expm1(x);
+}
+template <class T>
+T f_log(T x) {
+  return std::log(x);
+}
+template <class T>
+T f_log2(T x) {
+  return std::log2(x);
+}
+template <class T>
+T f_log10(T x) {
+  return std::log10(x);
+}
+template <class T>
+T f_log1p(T x) {
+  return std::log1p(x);
+}
+template <class T>
+T f_sqrt(T x) {
+  return std::sqrt(x);
+}
+template <class T>
+T f_rsqrt(T x) {
+  return T(1) / std::sqrt(x);
+}
+template <class T>
+T f_sin(T x) {
+  return std::sin(x);
+}
+template <class T>
+T f_cos(T x) {
+  return std::cos(x);
+}
+template <class T>
+T f_tan(T x) {
+  return std::tan(x);
+}
+template <class T>
+T f_atan(T x) {
+  return std::atan(x);
+}
+template <class T>
+T f_tanh(T x) {
+  return std::tanh(x);
+}
+template <class T>
+T f_sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+template <class T>
+T f_erf(T x) {
+  return std::erf(x);
+}
+template <class T>
+T f_erfc(T x) {
+  return std::erfc(x);
+}
+template <class T>
+T f_reciprocal(T x) {
+  return T(1) / x;
+}
 
 // torch.remainder / floor_divide for floating types (ATen's scalar formulas).
 template <class T>
@@ -384,38 +477,102 @@ OPENNEURON_IR_INLINE void float_op(const Instr& in, void* const* p, int64_t n) {
   const void* b = in.b >= 0 ? p[in.b] : nullptr;
   void* y = p[in.out];
   switch (in.op) {
-    case Op::kNeg: map1<T, T>(a, y, n, [](T x) { return -x; }); break;
-    case Op::kAbs: map1<T, T>(a, y, n, [](T x) { return std::fabs(x); }); break;
-    case Op::kSign: map1<T, T>(a, y, n, [](T x) { return T(T(0) < x) - T(x < T(0)); }); break;
-    case Op::kReciprocal: std_or_hook<T, f_reciprocal<T>>(in.op, a, y, n); break;
-    case Op::kExp: std_or_hook<T, f_exp<T>>(in.op, a, y, n); break;
-    case Op::kExp2: std_or_hook<T, f_exp2<T>>(in.op, a, y, n); break;
-    case Op::kExpm1: std_or_hook<T, f_expm1<T>>(in.op, a, y, n); break;
-    case Op::kLog: std_or_hook<T, f_log<T>>(in.op, a, y, n); break;
-    case Op::kLog2: std_or_hook<T, f_log2<T>>(in.op, a, y, n); break;
-    case Op::kLog10: std_or_hook<T, f_log10<T>>(in.op, a, y, n); break;
-    case Op::kLog1p: std_or_hook<T, f_log1p<T>>(in.op, a, y, n); break;
-    case Op::kSqrt: std_or_hook<T, f_sqrt<T>>(in.op, a, y, n); break;
-    case Op::kRsqrt: std_or_hook<T, f_rsqrt<T>>(in.op, a, y, n); break;
-    case Op::kSin: std_or_hook<T, f_sin<T>>(in.op, a, y, n); break;
-    case Op::kCos: std_or_hook<T, f_cos<T>>(in.op, a, y, n); break;
-    case Op::kTan: std_or_hook<T, f_tan<T>>(in.op, a, y, n); break;
-    case Op::kAtan: std_or_hook<T, f_atan<T>>(in.op, a, y, n); break;
-    case Op::kTanh: std_or_hook<T, f_tanh<T>>(in.op, a, y, n); break;
-    case Op::kSigmoid: std_or_hook<T, f_sigmoid<T>>(in.op, a, y, n); break;
-    case Op::kErf: std_or_hook<T, f_erf<T>>(in.op, a, y, n); break;
-    case Op::kErfc: std_or_hook<T, f_erfc<T>>(in.op, a, y, n); break;
-    case Op::kFloor: map1<T, T>(a, y, n, [](T x) { return std::floor(x); }); break;
-    case Op::kCeil: map1<T, T>(a, y, n, [](T x) { return std::ceil(x); }); break;
-    case Op::kTrunc: map1<T, T>(a, y, n, [](T x) { return std::trunc(x); }); break;
-    case Op::kRound: map1<T, T>(a, y, n, [](T x) { return std::nearbyint(x); }); break;
-    case Op::kIsNan: map1<T, uint8_t>(a, y, n, [](T x) { return uint8_t(x != x); }); break;
-    case Op::kAdd: map2<T, T>(a, b, y, n, [](T x, T z) { return x + z; }); break;
-    case Op::kSub: map2<T, T>(a, b, y, n, [](T x, T z) { return x - z; }); break;
-    case Op::kMul: map2<T, T>(a, b, y, n, [](T x, T z) { return x * z; }); break;
-    case Op::kDiv: map2<T, T>(a, b, y, n, [](T x, T z) { return x / z; }); break;
-    case Op::kMax: map2<T, T>(a, b, y, n, [](T x, T z) { return max_nan(x, z); }); break;
-    case Op::kMin: map2<T, T>(a, b, y, n, [](T x, T z) { return min_nan(x, z); }); break;
+    case Op::kNeg:
+      map1<T, T>(a, y, n, [](T x) { return -x; });
+      break;
+    case Op::kAbs:
+      map1<T, T>(a, y, n, [](T x) { return std::fabs(x); });
+      break;
+    case Op::kSign:
+      map1<T, T>(a, y, n, [](T x) { return T(T(0) < x) - T(x < T(0)); });
+      break;
+    case Op::kReciprocal:
+      std_or_hook<T, f_reciprocal<T>>(in.op, a, y, n);
+      break;
+    case Op::kExp:
+      std_or_hook<T, f_exp<T>>(in.op, a, y, n);
+      break;
+    case Op::kExp2:
+      std_or_hook<T, f_exp2<T>>(in.op, a, y, n);
+      break;
+    case Op::kExpm1:
+      std_or_hook<T, f_expm1<T>>(in.op, a, y, n);
+      break;
+    case Op::kLog:
+      std_or_hook<T, f_log<T>>(in.op, a, y, n);
+      break;
+    case Op::kLog2:
+      std_or_hook<T, f_log2<T>>(in.op, a, y, n);
+      break;
+    case Op::kLog10:
+      std_or_hook<T, f_log10<T>>(in.op, a, y, n);
+      break;
+    case Op::kLog1p:
+      std_or_hook<T, f_log1p<T>>(in.op, a, y, n);
+      break;
+    case Op::kSqrt:
+      std_or_hook<T, f_sqrt<T>>(in.op, a, y, n);
+      break;
+    case Op::kRsqrt:
+      std_or_hook<T, f_rsqrt<T>>(in.op, a, y, n);
+      break;
+    case Op::kSin:
+      std_or_hook<T, f_sin<T>>(in.op, a, y, n);
+      break;
+    case Op::kCos:
+      std_or_hook<T, f_cos<T>>(in.op, a, y, n);
+      break;
+    case Op::kTan:
+      std_or_hook<T, f_tan<T>>(in.op, a, y, n);
+      break;
+    case Op::kAtan:
+      std_or_hook<T, f_atan<T>>(in.op, a, y, n);
+      break;
+    case Op::kTanh:
+      std_or_hook<T, f_tanh<T>>(in.op, a, y, n);
+      break;
+    case Op::kSigmoid:
+      std_or_hook<T, f_sigmoid<T>>(in.op, a, y, n);
+      break;
+    case Op::kErf:
+      std_or_hook<T, f_erf<T>>(in.op, a, y, n);
+      break;
+    case Op::kErfc:
+      std_or_hook<T, f_erfc<T>>(in.op, a, y, n);
+      break;
+    case Op::kFloor:
+      map1<T, T>(a, y, n, [](T x) { return std::floor(x); });
+      break;
+    case Op::kCeil:
+      map1<T, T>(a, y, n, [](T x) { return std::ceil(x); });
+      break;
+    case Op::kTrunc:
+      map1<T, T>(a, y, n, [](T x) { return std::trunc(x); });
+      break;
+    case Op::kRound:
+      map1<T, T>(a, y, n, [](T x) { return std::nearbyint(x); });
+      break;
+    case Op::kIsNan:
+      map1<T, uint8_t>(a, y, n, [](T x) { return uint8_t(x != x); });
+      break;
+    case Op::kAdd:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return x + z; });
+      break;
+    case Op::kSub:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return x - z; });
+      break;
+    case Op::kMul:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return x * z; });
+      break;
+    case Op::kDiv:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return x / z; });
+      break;
+    case Op::kMax:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return max_nan(x, z); });
+      break;
+    case Op::kMin:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return min_nan(x, z); });
+      break;
     case Op::kPow:
       if (auto h = Hooks<T>::binary(in.op)) {
         h(static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(y), n);
@@ -423,12 +580,17 @@ OPENNEURON_IR_INLINE void float_op(const Instr& in, void* const* p, int64_t n) {
         map2<T, T>(a, b, y, n, [](T x, T z) { return std::pow(x, z); });
       }
       break;
-    case Op::kRemainder: map2<T, T>(a, b, y, n, [](T x, T z) { return f_remainder(x, z); }); break;
-    case Op::kFloorDiv: map2<T, T>(a, b, y, n, [](T x, T z) { return f_floor_div(x, z); }); break;
+    case Op::kRemainder:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return f_remainder(x, z); });
+      break;
+    case Op::kFloorDiv:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return f_floor_div(x, z); });
+      break;
     case Op::kFma:
       map3<T>(a, b, p[in.c], y, n, [](T x, T z, T w) { return std::fma(x, z, w); });
       break;
-    default: break;  // rejected by the builder
+    default:
+      break;  // rejected by the builder
   }
 }
 
@@ -456,13 +618,27 @@ OPENNEURON_IR_INLINE void int_op(const Instr& in, void* const* p, int64_t n) {
   void* y = p[in.out];
   constexpr T kMin = std::numeric_limits<T>::min();
   switch (in.op) {
-    case Op::kNeg: map1<T, T>(a, y, n, [](T x) { return T(U(0) - U(x)); }); break;
-    case Op::kAbs: map1<T, T>(a, y, n, [](T x) { return x < 0 ? T(U(0) - U(x)) : x; }); break;
-    case Op::kSign: map1<T, T>(a, y, n, [](T x) { return T(T(0 < x) - T(x < 0)); }); break;
-    case Op::kBitNot: map1<T, T>(a, y, n, [](T x) { return T(~x); }); break;
-    case Op::kAdd: map2<T, T>(a, b, y, n, [](T x, T z) { return T(U(x) + U(z)); }); break;
-    case Op::kSub: map2<T, T>(a, b, y, n, [](T x, T z) { return T(U(x) - U(z)); }); break;
-    case Op::kMul: map2<T, T>(a, b, y, n, [](T x, T z) { return T(U(x) * U(z)); }); break;
+    case Op::kNeg:
+      map1<T, T>(a, y, n, [](T x) { return T(U(0) - U(x)); });
+      break;
+    case Op::kAbs:
+      map1<T, T>(a, y, n, [](T x) { return x < 0 ? T(U(0) - U(x)) : x; });
+      break;
+    case Op::kSign:
+      map1<T, T>(a, y, n, [](T x) { return T(T(0 < x) - T(x < 0)); });
+      break;
+    case Op::kBitNot:
+      map1<T, T>(a, y, n, [](T x) { return T(~x); });
+      break;
+    case Op::kAdd:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return T(U(x) + U(z)); });
+      break;
+    case Op::kSub:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return T(U(x) - U(z)); });
+      break;
+    case Op::kMul:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return T(U(x) * U(z)); });
+      break;
     case Op::kDiv:
       map2<T, T>(a, b, y, n, [](T x, T z) {
         return z == 0 ? T(0) : (x == kMin && z == -1) ? kMin : T(x / z);
@@ -483,16 +659,29 @@ OPENNEURON_IR_INLINE void int_op(const Instr& in, void* const* p, int64_t n) {
         return (x % z != 0 && ((x < 0) != (z < 0))) ? T(q - 1) : q;
       });
       break;
-    case Op::kMax: map2<T, T>(a, b, y, n, [](T x, T z) { return x > z ? x : z; }); break;
-    case Op::kMin: map2<T, T>(a, b, y, n, [](T x, T z) { return x < z ? x : z; }); break;
-    case Op::kPow: map2<T, T>(a, b, y, n, [](T x, T z) { return int_pow<T, U>(x, z); }); break;
-    case Op::kBitAnd: map2<T, T>(a, b, y, n, [](T x, T z) { return T(x & z); }); break;
-    case Op::kBitOr: map2<T, T>(a, b, y, n, [](T x, T z) { return T(x | z); }); break;
-    case Op::kBitXor: map2<T, T>(a, b, y, n, [](T x, T z) { return T(x ^ z); }); break;
+    case Op::kMax:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return x > z ? x : z; });
+      break;
+    case Op::kMin:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return x < z ? x : z; });
+      break;
+    case Op::kPow:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return int_pow<T, U>(x, z); });
+      break;
+    case Op::kBitAnd:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return T(x & z); });
+      break;
+    case Op::kBitOr:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return T(x | z); });
+      break;
+    case Op::kBitXor:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return T(x ^ z); });
+      break;
     case Op::kFma:
       map3<T>(a, b, p[in.c], y, n, [](T x, T z, T w) { return T(U(x) * U(z) + U(w)); });
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -503,13 +692,22 @@ OPENNEURON_IR_INLINE void bool_op(const Instr& in, void* const* p, int64_t n) {
   const void* b = in.b >= 0 ? p[in.b] : nullptr;
   void* y = p[in.out];
   switch (in.op) {
-    case Op::kBitNot: map1<T, T>(a, y, n, [](T x) { return T(x ^ 1); }); break;
+    case Op::kBitNot:
+      map1<T, T>(a, y, n, [](T x) { return T(x ^ 1); });
+      break;
     case Op::kMax:
-    case Op::kBitOr: map2<T, T>(a, b, y, n, [](T x, T z) { return T(x | z); }); break;
+    case Op::kBitOr:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return T(x | z); });
+      break;
     case Op::kMin:
-    case Op::kBitAnd: map2<T, T>(a, b, y, n, [](T x, T z) { return T(x & z); }); break;
-    case Op::kBitXor: map2<T, T>(a, b, y, n, [](T x, T z) { return T(x ^ z); }); break;
-    default: break;
+    case Op::kBitAnd:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return T(x & z); });
+      break;
+    case Op::kBitXor:
+      map2<T, T>(a, b, y, n, [](T x, T z) { return T(x ^ z); });
+      break;
+    default:
+      break;
   }
 }
 
@@ -536,11 +734,21 @@ OPENNEURON_IR_INLINE D convert(S x) {
 template <class S>
 OPENNEURON_IR_INLINE void cast_from(Kind to, const void* a, void* y, int64_t n) {
   switch (to) {
-    case Kind::kF32: map1<S, float>(a, y, n, [](S x) { return convert<S, float>(x); }); break;
-    case Kind::kF64: map1<S, double>(a, y, n, [](S x) { return convert<S, double>(x); }); break;
-    case Kind::kI32: map1<S, int32_t>(a, y, n, [](S x) { return convert<S, int32_t>(x); }); break;
-    case Kind::kI64: map1<S, int64_t>(a, y, n, [](S x) { return convert<S, int64_t>(x); }); break;
-    case Kind::kB8: map1<S, uint8_t>(a, y, n, [](S x) { return convert<S, uint8_t>(x); }); break;
+    case Kind::kF32:
+      map1<S, float>(a, y, n, [](S x) { return convert<S, float>(x); });
+      break;
+    case Kind::kF64:
+      map1<S, double>(a, y, n, [](S x) { return convert<S, double>(x); });
+      break;
+    case Kind::kI32:
+      map1<S, int32_t>(a, y, n, [](S x) { return convert<S, int32_t>(x); });
+      break;
+    case Kind::kI64:
+      map1<S, int64_t>(a, y, n, [](S x) { return convert<S, int64_t>(x); });
+      break;
+    case Kind::kB8:
+      map1<S, uint8_t>(a, y, n, [](S x) { return convert<S, uint8_t>(x); });
+      break;
   }
 }
 
@@ -548,19 +756,39 @@ OPENNEURON_IR_CLONES
 void run_instr(const Instr& in, void* const* p, int64_t n) {
   if (in.op == Op::kCast) {
     switch (in.kind) {
-      case Kind::kF32: cast_from<float>(in.out_kind, p[in.a], p[in.out], n); break;
-      case Kind::kF64: cast_from<double>(in.out_kind, p[in.a], p[in.out], n); break;
-      case Kind::kI32: cast_from<int32_t>(in.out_kind, p[in.a], p[in.out], n); break;
-      case Kind::kI64: cast_from<int64_t>(in.out_kind, p[in.a], p[in.out], n); break;
-      case Kind::kB8: cast_from<uint8_t>(in.out_kind, p[in.a], p[in.out], n); break;
+      case Kind::kF32:
+        cast_from<float>(in.out_kind, p[in.a], p[in.out], n);
+        break;
+      case Kind::kF64:
+        cast_from<double>(in.out_kind, p[in.a], p[in.out], n);
+        break;
+      case Kind::kI32:
+        cast_from<int32_t>(in.out_kind, p[in.a], p[in.out], n);
+        break;
+      case Kind::kI64:
+        cast_from<int64_t>(in.out_kind, p[in.a], p[in.out], n);
+        break;
+      case Kind::kB8:
+        cast_from<uint8_t>(in.out_kind, p[in.a], p[in.out], n);
+        break;
     }
   } else {
     switch (in.kind) {
-      case Kind::kF32: float_op<float>(in, p, n); break;
-      case Kind::kF64: float_op<double>(in, p, n); break;
-      case Kind::kI32: int_op<int32_t, uint32_t>(in, p, n); break;
-      case Kind::kI64: int_op<int64_t, uint64_t>(in, p, n); break;
-      case Kind::kB8: bool_op(in, p, n); break;
+      case Kind::kF32:
+        float_op<float>(in, p, n);
+        break;
+      case Kind::kF64:
+        float_op<double>(in, p, n);
+        break;
+      case Kind::kI32:
+        int_op<int32_t, uint32_t>(in, p, n);
+        break;
+      case Kind::kI64:
+        int_op<int64_t, uint64_t>(in, p, n);
+        break;
+      case Kind::kB8:
+        bool_op(in, p, n);
+        break;
     }
   }
   if (in.round == 1) {
@@ -618,8 +846,7 @@ void load_row(DType dt, const char* src, int64_t st, void* dst, int64_t n) {
              [](uint16_t h) { return numeric::f32_from_f16(h); });
       break;
     case DType::kFloat64:
-      gather(reinterpret_cast<const double*>(src), st, static_cast<double*>(dst), n,
-             ident<double>);
+      gather(reinterpret_cast<const double*>(src), st, static_cast<double*>(dst), n, ident<double>);
       break;
     case DType::kInt32:
       gather(reinterpret_cast<const int32_t*>(src), st, static_cast<int32_t*>(dst), n,
@@ -676,20 +903,28 @@ template <class T>
 OPENNEURON_IR_INLINE T combine(Op op, T acc, T v) {
   if constexpr (std::is_floating_point_v<T>) {
     switch (op) {
-      case Op::kSum: return acc + v;
-      case Op::kProd: return acc * v;
-      case Op::kAmax: return (v != v || v > acc) ? v : acc;
-      default: return (v != v || v < acc) ? v : acc;
+      case Op::kSum:
+        return acc + v;
+      case Op::kProd:
+        return acc * v;
+      case Op::kAmax:
+        return (v != v || v > acc) ? v : acc;
+      default:
+        return (v != v || v < acc) ? v : acc;
     }
   } else if constexpr (std::is_same_v<T, uint8_t>) {
     return op == Op::kAmax ? T(acc | v) : T(acc & v);
   } else {
     using U = std::make_unsigned_t<T>;
     switch (op) {
-      case Op::kSum: return T(U(acc) + U(v));
-      case Op::kProd: return T(U(acc) * U(v));
-      case Op::kAmax: return v > acc ? v : acc;
-      default: return v < acc ? v : acc;
+      case Op::kSum:
+        return T(U(acc) + U(v));
+      case Op::kProd:
+        return T(U(acc) * U(v));
+      case Op::kAmax:
+        return v > acc ? v : acc;
+      default:
+        return v < acc ? v : acc;
     }
   }
 }
@@ -697,8 +932,10 @@ OPENNEURON_IR_INLINE T combine(Op op, T acc, T v) {
 template <class T>
 T identity(Op op) {
   switch (op) {
-    case Op::kSum: return T(0);
-    case Op::kProd: return T(1);
+    case Op::kSum:
+      return T(0);
+    case Op::kProd:
+      return T(1);
     case Op::kAmax:
       if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::infinity();
       return std::numeric_limits<T>::lowest();
@@ -728,21 +965,39 @@ OPENNEURON_IR_INLINE void accumulate_t(Op op, bool lanes, void* accp, const void
     acc_loop(acc, v + i, n - i, f);
   };
   switch (op) {
-    case Op::kSum: body([](T x, T y) { return combine(Op::kSum, x, y); }); break;
-    case Op::kProd: body([](T x, T y) { return combine(Op::kProd, x, y); }); break;
-    case Op::kAmax: body([](T x, T y) { return combine(Op::kAmax, x, y); }); break;
-    default: body([](T x, T y) { return combine(Op::kAmin, x, y); }); break;
+    case Op::kSum:
+      body([](T x, T y) { return combine(Op::kSum, x, y); });
+      break;
+    case Op::kProd:
+      body([](T x, T y) { return combine(Op::kProd, x, y); });
+      break;
+    case Op::kAmax:
+      body([](T x, T y) { return combine(Op::kAmax, x, y); });
+      break;
+    default:
+      body([](T x, T y) { return combine(Op::kAmin, x, y); });
+      break;
   }
 }
 
 OPENNEURON_IR_CLONES
 void accumulate(Kind kind, Op op, bool lanes, void* acc, const void* v, int64_t n) {
   switch (kind) {
-    case Kind::kF32: accumulate_t<float>(op, lanes, acc, v, n); break;
-    case Kind::kF64: accumulate_t<double>(op, lanes, acc, v, n); break;
-    case Kind::kI32: accumulate_t<int32_t>(op, lanes, acc, v, n); break;
-    case Kind::kI64: accumulate_t<int64_t>(op, lanes, acc, v, n); break;
-    case Kind::kB8: accumulate_t<uint8_t>(op, lanes, acc, v, n); break;
+    case Kind::kF32:
+      accumulate_t<float>(op, lanes, acc, v, n);
+      break;
+    case Kind::kF64:
+      accumulate_t<double>(op, lanes, acc, v, n);
+      break;
+    case Kind::kI32:
+      accumulate_t<int32_t>(op, lanes, acc, v, n);
+      break;
+    case Kind::kI64:
+      accumulate_t<int64_t>(op, lanes, acc, v, n);
+      break;
+    case Kind::kB8:
+      accumulate_t<uint8_t>(op, lanes, acc, v, n);
+      break;
   }
 }
 
@@ -753,11 +1008,21 @@ void fill_identity_t(Op op, void* acc, int64_t n) {
 }
 void fill_identity(Kind kind, Op op, void* acc, int64_t n) {
   switch (kind) {
-    case Kind::kF32: fill_identity_t<float>(op, acc, n); break;
-    case Kind::kF64: fill_identity_t<double>(op, acc, n); break;
-    case Kind::kI32: fill_identity_t<int32_t>(op, acc, n); break;
-    case Kind::kI64: fill_identity_t<int64_t>(op, acc, n); break;
-    case Kind::kB8: fill_identity_t<uint8_t>(op, acc, n); break;
+    case Kind::kF32:
+      fill_identity_t<float>(op, acc, n);
+      break;
+    case Kind::kF64:
+      fill_identity_t<double>(op, acc, n);
+      break;
+    case Kind::kI32:
+      fill_identity_t<int32_t>(op, acc, n);
+      break;
+    case Kind::kI64:
+      fill_identity_t<int64_t>(op, acc, n);
+      break;
+    case Kind::kB8:
+      fill_identity_t<uint8_t>(op, acc, n);
+      break;
   }
 }
 
@@ -771,11 +1036,21 @@ void finish_lanes_t(Op op, void* lanes, void* out, int64_t index) {
 }
 void finish_lanes(Kind kind, Op op, void* lanes, void* out, int64_t index) {
   switch (kind) {
-    case Kind::kF32: finish_lanes_t<float>(op, lanes, out, index); break;
-    case Kind::kF64: finish_lanes_t<double>(op, lanes, out, index); break;
-    case Kind::kI32: finish_lanes_t<int32_t>(op, lanes, out, index); break;
-    case Kind::kI64: finish_lanes_t<int64_t>(op, lanes, out, index); break;
-    case Kind::kB8: finish_lanes_t<uint8_t>(op, lanes, out, index); break;
+    case Kind::kF32:
+      finish_lanes_t<float>(op, lanes, out, index);
+      break;
+    case Kind::kF64:
+      finish_lanes_t<double>(op, lanes, out, index);
+      break;
+    case Kind::kI32:
+      finish_lanes_t<int32_t>(op, lanes, out, index);
+      break;
+    case Kind::kI64:
+      finish_lanes_t<int64_t>(op, lanes, out, index);
+      break;
+    case Kind::kB8:
+      finish_lanes_t<uint8_t>(op, lanes, out, index);
+      break;
   }
 }
 
@@ -795,11 +1070,21 @@ void fill_constant_t(const Node& n, void* dst) {
 }
 void fill_constant(const Node& n, void* dst) {
   switch (kind_of(n.dtype)) {
-    case Kind::kF32: fill_constant_t<float>(n, dst); break;
-    case Kind::kF64: fill_constant_t<double>(n, dst); break;
-    case Kind::kI32: fill_constant_t<int32_t>(n, dst); break;
-    case Kind::kI64: fill_constant_t<int64_t>(n, dst); break;
-    case Kind::kB8: fill_constant_t<uint8_t>(n, dst); break;
+    case Kind::kF32:
+      fill_constant_t<float>(n, dst);
+      break;
+    case Kind::kF64:
+      fill_constant_t<double>(n, dst);
+      break;
+    case Kind::kI32:
+      fill_constant_t<int32_t>(n, dst);
+      break;
+    case Kind::kI64:
+      fill_constant_t<int64_t>(n, dst);
+      break;
+    case Kind::kB8:
+      fill_constant_t<uint8_t>(n, dst);
+      break;
   }
 }
 
@@ -816,13 +1101,13 @@ int64_t kind_bytes(Kind k) {
 
 struct Space {
   int nin = 0, nops = 0;
-  std::vector<char*> base;          // per operand
-  std::vector<DType> dtype;         // per operand
-  std::vector<int64_t> esize;       // per operand
+  std::vector<char*> base;     // per operand
+  std::vector<DType> dtype;    // per operand
+  std::vector<int64_t> esize;  // per operand
   int nd = 0;
-  std::vector<int64_t> size;        // per dim, outer -> inner
-  std::vector<uint8_t> red;         // per dim
-  std::vector<int64_t> stride;      // [d * nops + o]
+  std::vector<int64_t> size;    // per dim, outer -> inner
+  std::vector<uint8_t> red;     // per dim
+  std::vector<int64_t> stride;  // [d * nops + o]
   int64_t st(int d, int o) const { return stride[static_cast<size_t>(d) * nops + o]; }
 };
 
@@ -855,8 +1140,7 @@ struct Runner {
 
   Runner(const Kernel& kk, const Plan& pl, const Space& s, Scratch& scratch)
       : k(kk), plan(pl), sp(s), nred(static_cast<int>(pl.reductions.size())), ptr(scratch.ptr) {
-    size_t bytes = (plan.full.nslots + plan.reduced.nslots + nred) * kSlotBytes +
-                   nred * kLanes * 8;
+    size_t bytes = (plan.full.nslots + plan.reduced.nslots + nred) * kSlotBytes + nred * kLanes * 8;
     char* m = scratch.aligned(bytes);
     slots_full = m;
     slots_red = slots_full + plan.full.nslots * kSlotBytes;
@@ -996,7 +1280,8 @@ void run_tiled(const Kernel& k, const Plan& plan, const Space& sp, int64_t r_tot
         run.store(plan.full, tt, off.data());
         continue;
       }
-      for (int r = 0; r < run.nred; ++r) fill_identity(run.red_kind(r), run.red_op(r), run.acc_buf(r), n);
+      for (int r = 0; r < run.nred; ++r)
+        fill_identity(run.red_kind(r), run.red_op(r), run.acc_buf(r), n);
       for (int64_t rl = 0; rl < r_total; ++rl) {
         run.set_offsets(rdims, rl, off.data(), roff.data());
         run.compute(plan.full, run.slots_full, tt, roff.data());
@@ -1138,7 +1423,8 @@ void execute(const Kernel& k, const int64_t* sizes, int ndim, const Operand* inp
   sp.nops = k.num_inputs() + k.num_outputs();
   int64_t numel = 1, r_total = 1;
   for (int d = 0; d < ndim; ++d) {
-    if (sizes[d] < 0) fail("negative size " + std::to_string(sizes[d]) + " at dim " + std::to_string(d));
+    if (sizes[d] < 0)
+      fail("negative size " + std::to_string(sizes[d]) + " at dim " + std::to_string(d));
     numel *= sizes[d];
     if (mask >> d & 1) r_total *= sizes[d];
   }
@@ -1157,14 +1443,17 @@ void execute(const Kernel& k, const int64_t* sizes, int ndim, const Operand* inp
     if (!(mask >> d & 1) || sizes[d] <= 1) continue;
     for (int i = 0; i < sp.nin; ++i)
       if (plan.input_in_reduced[i] && inputs[i].strides[d] != 0)
-        fail("input " + std::to_string(i) + " is combined with a reduction's result, so it must "
-             "be broadcast (stride 0) along reduced axis " + std::to_string(d) + ", got stride " +
-             std::to_string(inputs[i].strides[d]) + "; split the kernel after the reduction");
+        fail("input " + std::to_string(i) +
+             " is combined with a reduction's result, so it must "
+             "be broadcast (stride 0) along reduced axis " +
+             std::to_string(d) + ", got stride " + std::to_string(inputs[i].strides[d]) +
+             "; split the kernel after the reduction");
     for (int o = 0; o < k.num_outputs(); ++o)
       if (plan.output_reduced[o] && outputs[o].strides[d] != 0)
-        fail("output " + std::to_string(o) + " stores a reduced value, so it must have stride 0 "
-             "along reduced axis " + std::to_string(d) + " (keepdim), got " +
-             std::to_string(outputs[o].strides[d]));
+        fail("output " + std::to_string(o) +
+             " stores a reduced value, so it must have stride 0 "
+             "along reduced axis " +
+             std::to_string(d) + " (keepdim), got " + std::to_string(outputs[o].strides[d]));
   }
   bool has_red = !plan.reductions.empty();
   if (numel == 0 && !(has_red && r_total == 0)) return;  // empty: nothing to compute

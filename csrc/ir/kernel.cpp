@@ -47,10 +47,25 @@ double double_from_bits(uint64_t u) {
 
 bool is_float_unary(Op op) {
   switch (op) {
-    case Op::kReciprocal: case Op::kExp: case Op::kExp2: case Op::kExpm1: case Op::kLog:
-    case Op::kLog2: case Op::kLog10: case Op::kLog1p: case Op::kSqrt: case Op::kRsqrt:
-    case Op::kSin: case Op::kCos: case Op::kTan: case Op::kAtan: case Op::kTanh:
-    case Op::kSigmoid: case Op::kErf: case Op::kErfc: case Op::kIsNan:
+    case Op::kReciprocal:
+    case Op::kExp:
+    case Op::kExp2:
+    case Op::kExpm1:
+    case Op::kLog:
+    case Op::kLog2:
+    case Op::kLog10:
+    case Op::kLog1p:
+    case Op::kSqrt:
+    case Op::kRsqrt:
+    case Op::kSin:
+    case Op::kCos:
+    case Op::kTan:
+    case Op::kAtan:
+    case Op::kTanh:
+    case Op::kSigmoid:
+    case Op::kErf:
+    case Op::kErfc:
+    case Op::kIsNan:
       return true;
     default:
       return false;
@@ -88,26 +103,40 @@ std::string axes_text(uint64_t mask) {
 
 size_t dtype_size(DType dt) {
   switch (dt) {
-    case DType::kFloat32: return 4;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat16: return 2;
-    case DType::kFloat64: return 8;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-    case DType::kBool: return 1;
+    case DType::kFloat32:
+      return 4;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat16:
+      return 2;
+    case DType::kFloat64:
+      return 8;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    case DType::kBool:
+      return 1;
   }
   fail("unknown dtype " + std::to_string(static_cast<int>(dt)));
 }
 
 const char* dtype_name(DType dt) {
   switch (dt) {
-    case DType::kFloat32: return "f32";
-    case DType::kBFloat16: return "bf16";
-    case DType::kFloat16: return "f16";
-    case DType::kFloat64: return "f64";
-    case DType::kInt32: return "i32";
-    case DType::kInt64: return "i64";
-    case DType::kBool: return "bool";
+    case DType::kFloat32:
+      return "f32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "f16";
+    case DType::kFloat64:
+      return "f64";
+    case DType::kInt32:
+      return "i32";
+    case DType::kInt64:
+      return "i64";
+    case DType::kBool:
+      return "bool";
   }
   return "?";
 }
@@ -120,14 +149,15 @@ bool dtype_is_integral(DType dt) { return dt == DType::kInt32 || dt == DType::kI
 
 const char* op_name(Op op) {
   static const char* const kNames[kNumOps] = {
-      "load",    "const",  "neg",   "abs",   "sign",   "reciprocal", "exp",     "exp2",
-      "expm1",   "log",    "log2",  "log10", "log1p",  "sqrt",       "rsqrt",   "sin",
-      "cos",     "tan",    "atan",  "tanh",  "sigmoid", "erf",       "erfc",    "floor",
-      "ceil",    "trunc",  "round", "isnan", "logical_not", "bit_not", "cast",  "add",
-      "sub",     "mul",    "div",   "max",   "min",    "pow",        "remainder", "floor_div",
-      "bit_and", "bit_or", "bit_xor", "eq",  "ne",     "lt",         "le",      "gt",
-      "ge",      "logical_and", "logical_or", "logical_xor", "fma", "where",   "sum",
-      "prod",    "amax",   "amin"};
+      "load",        "const",      "neg",         "abs",       "sign",      "reciprocal", "exp",
+      "exp2",        "expm1",      "log",         "log2",      "log10",     "log1p",      "sqrt",
+      "rsqrt",       "sin",        "cos",         "tan",       "atan",      "tanh",       "sigmoid",
+      "erf",         "erfc",       "floor",       "ceil",      "trunc",     "round",      "isnan",
+      "logical_not", "bit_not",    "cast",        "add",       "sub",       "mul",        "div",
+      "max",         "min",        "pow",         "remainder", "floor_div", "bit_and",    "bit_or",
+      "bit_xor",     "eq",         "ne",          "lt",        "le",        "gt",         "ge",
+      "logical_and", "logical_or", "logical_xor", "fma",       "where",     "sum",        "prod",
+      "amax",        "amin"};
   int i = static_cast<int>(op);
   return i < kNumOps ? kNames[i] : "?";
 }
@@ -288,7 +318,9 @@ ValueId KernelBuilder::unary(Op op, ValueId a) {
   check_value(a, op_name(op));
   if (op_arity(op) != 1 || op == Op::kCast || op_is_reduction(op))
     fail(std::string("unary: ") + op_name(op) + " is not a unary op" +
-         (op == Op::kCast ? " (use cast())" : op_is_reduction(op) ? " (use reduce())" : ""));
+         (op == Op::kCast       ? " (use cast())"
+          : op_is_reduction(op) ? " (use reduce())"
+                                : ""));
   DType dt = nodes_[a].dtype;
   DType out = dt;
   auto bad = [&](const char* need) {
@@ -318,8 +350,7 @@ ValueId KernelBuilder::unary(Op op, ValueId a) {
 ValueId KernelBuilder::binary(Op op, ValueId a, ValueId b) {
   check_value(a, op_name(op));
   check_value(b, op_name(op));
-  if (op_arity(op) != 2)
-    fail(std::string("binary: ") + op_name(op) + " is not a binary op");
+  if (op_arity(op) != 2) fail(std::string("binary: ") + op_name(op) + " is not a binary op");
   DType da = nodes_[a].dtype, db = nodes_[b].dtype;
   if (da != db)
     fail(std::string(op_name(op)) + ": operand dtypes differ (%" + std::to_string(a) + ": " +
@@ -332,7 +363,8 @@ ValueId KernelBuilder::binary(Op op, ValueId a, ValueId b) {
     if (dtype_is_floating(da))
       fail(std::string(op_name(op)) + ": needs integer or bool operands, got " + dtype_name(da));
   } else if (da == DType::kBool && op != Op::kMax && op != Op::kMin) {
-    fail(std::string(op_name(op)) + ": bool operands are not supported; cast to an integer dtype "
+    fail(std::string(op_name(op)) +
+         ": bool operands are not supported; cast to an integer dtype "
          "or use logical/bit ops");
   }
   Node n;
@@ -497,8 +529,8 @@ std::shared_ptr<const Kernel> KernelBuilder::build() {
 // --- Kernel ---------------------------------------------------------------------------------
 
 bool Kernel::operator==(const Kernel& o) const {
-  return hash_ == o.hash_ && inputs_ == o.inputs_ && outputs_ == o.outputs_ &&
-         nodes_ == o.nodes_ && output_values_ == o.output_values_;
+  return hash_ == o.hash_ && inputs_ == o.inputs_ && outputs_ == o.outputs_ && nodes_ == o.nodes_ &&
+         output_values_ == o.output_values_;
 }
 
 std::string Kernel::to_text() const {
@@ -616,7 +648,9 @@ std::shared_ptr<const Kernel> Kernel::deserialize(const std::string& data) {
     }
     ValueId got = -1;
     switch (n.op) {
-      case Op::kLoad: got = b.load(index); break;
+      case Op::kLoad:
+        got = b.load(index);
+        break;
       case Op::kConstant:
         if (dtype_is_floating(n.dtype)) {
           got = b.constant(double_from_bits(payload), n.dtype);
@@ -624,9 +658,15 @@ std::shared_ptr<const Kernel> Kernel::deserialize(const std::string& data) {
           got = b.constant(static_cast<int64_t>(payload), n.dtype);
         }
         break;
-      case Op::kFma: got = b.fma(a0, a1, a2); break;
-      case Op::kWhere: got = b.where(a0, a1, a2); break;
-      case Op::kCast: got = b.cast(a0, n.dtype); break;
+      case Op::kFma:
+        got = b.fma(a0, a1, a2);
+        break;
+      case Op::kWhere:
+        got = b.where(a0, a1, a2);
+        break;
+      case Op::kCast:
+        got = b.cast(a0, n.dtype);
+        break;
       default:
         if (op_is_reduction(n.op))
           got = b.reduce(n.op, a0, payload);

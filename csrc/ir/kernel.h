@@ -19,10 +19,10 @@ namespace openneuron::ir {
 enum class DType : uint8_t { kFloat32, kBFloat16, kFloat16, kFloat64, kInt32, kInt64, kBool };
 constexpr int kNumDTypes = 7;
 
-size_t dtype_size(DType dt);        // bytes per element in memory
-const char* dtype_name(DType dt);   // "f32", "bf16", "f16", "f64", "i32", "i64", "bool"
-bool dtype_is_floating(DType dt);   // f32, bf16, f16, f64
-bool dtype_is_integral(DType dt);   // i32, i64 (not bool)
+size_t dtype_size(DType dt);       // bytes per element in memory
+const char* dtype_name(DType dt);  // "f32", "bf16", "f16", "f64", "i32", "i64", "bool"
+bool dtype_is_floating(DType dt);  // f32, bf16, f16, f64
+bool dtype_is_integral(DType dt);  // i32, i64 (not bool)
 
 // NOTE: serialized by numeric value: append new ops at the end of their group's range only by
 // bumping the serialization version.
@@ -104,16 +104,16 @@ using ValueId = int32_t;
 // One node of the DAG. Plain data; compares and hashes by value.
 struct Node {
   Op op = Op::kConstant;
-  DType dtype = DType::kFloat32;       // result dtype
-  ValueId args[3] = {-1, -1, -1};      // operands (-1: unused)
-  int32_t index = -1;                  // kLoad: input operand index
-  uint64_t payload = 0;                // kConstant: bits (double for floating, int64 for ints/bool)
-                                       // reductions: axes mask
+  DType dtype = DType::kFloat32;   // result dtype
+  ValueId args[3] = {-1, -1, -1};  // operands (-1: unused)
+  int32_t index = -1;              // kLoad: input operand index
+  uint64_t payload = 0;            // kConstant: bits (double for floating, int64 for ints/bool)
+                                   // reductions: axes mask
   bool operator==(const Node& o) const;
   bool operator!=(const Node& o) const { return !(*this == o); }
   uint64_t hash() const;
-  double constant_double() const;   // kConstant of a floating dtype
-  int64_t constant_int() const;     // kConstant of an integral/bool dtype
+  double constant_double() const;  // kConstant of a floating dtype
+  int64_t constant_int() const;    // kConstant of an integral/bool dtype
 };
 
 // An immutable kernel: inputs/outputs (dtype per operand), nodes in topological order (operands

@@ -56,28 +56,28 @@ TEST(IrBuilder, TypingErrorsAreClear) {
     EXPECT_NE(msg.find("f32"), std::string::npos) << msg;
     EXPECT_NE(msg.find("bf16"), std::string::npos) << msg;
   }
-  EXPECT_THROW(b.unary(Op::kExp, vi), std::invalid_argument);     // transcendental on int
-  EXPECT_THROW(b.unary(Op::kNeg, vm), std::invalid_argument);     // arithmetic on bool
+  EXPECT_THROW(b.unary(Op::kExp, vi), std::invalid_argument);  // transcendental on int
+  EXPECT_THROW(b.unary(Op::kNeg, vm), std::invalid_argument);  // arithmetic on bool
   EXPECT_THROW(b.binary(Op::kAdd, vm, vm), std::invalid_argument);
   EXPECT_THROW(b.binary(Op::kBitAnd, vf, vf), std::invalid_argument);
-  EXPECT_THROW(b.unary(Op::kAdd, vf), std::invalid_argument);     // wrong arity
+  EXPECT_THROW(b.unary(Op::kAdd, vf), std::invalid_argument);  // wrong arity
   EXPECT_THROW(b.binary(Op::kExp, vf, vf), std::invalid_argument);
   EXPECT_THROW(b.unary(Op::kCast, vf), std::invalid_argument);
-  EXPECT_THROW(b.where(vf, vf, vf), std::invalid_argument);      // cond not bool
-  EXPECT_THROW(b.where(vm, vf, vi), std::invalid_argument);      // branches differ
+  EXPECT_THROW(b.where(vf, vf, vf), std::invalid_argument);  // cond not bool
+  EXPECT_THROW(b.where(vm, vf, vi), std::invalid_argument);  // branches differ
   EXPECT_THROW(b.fma(vf, vf, vh), std::invalid_argument);
   EXPECT_THROW(b.load(7), std::invalid_argument);
-  EXPECT_THROW(b.unary(Op::kExp, 1234), std::invalid_argument);  // no such value
+  EXPECT_THROW(b.unary(Op::kExp, 1234), std::invalid_argument);    // no such value
   EXPECT_THROW(b.reduce(Op::kSum, vm, 1), std::invalid_argument);  // sum of bool
   EXPECT_THROW(b.reduce(Op::kExp, vf, 1), std::invalid_argument);
   EXPECT_THROW(b.reduce(Op::kSum, vf, 0), std::invalid_argument);  // no axes
   EXPECT_THROW(b.constant(2.5, DType::kInt32), std::invalid_argument);
   EXPECT_THROW(b.constant(int64_t{1} << 40, DType::kInt32), std::invalid_argument);
   ValueId s = b.reduce(Op::kSum, vf, 0b10);
-  EXPECT_THROW(b.reduce(Op::kSum, s, 0b10), std::invalid_argument);   // reduce of a reduction
+  EXPECT_THROW(b.reduce(Op::kSum, s, 0b10), std::invalid_argument);    // reduce of a reduction
   EXPECT_THROW(b.reduce(Op::kAmax, vf, 0b01), std::invalid_argument);  // different axes
-  EXPECT_THROW(b.store(0, vi), std::invalid_argument);                // dtype mismatch
-  EXPECT_THROW(b.store(3, vf), std::invalid_argument);                // no such output
+  EXPECT_THROW(b.store(0, vi), std::invalid_argument);                 // dtype mismatch
+  EXPECT_THROW(b.store(3, vf), std::invalid_argument);                 // no such output
   b.store(0, s);
   EXPECT_THROW(b.store(0, s), std::invalid_argument);  // stored twice
   // Result dtypes.
@@ -86,8 +86,8 @@ TEST(IrBuilder, TypingErrorsAreClear) {
   EXPECT_EQ(b.dtype(b.unary(Op::kIsNan, vh)), DType::kBool);
   EXPECT_EQ(b.dtype(b.cast(vi, DType::kFloat16)), DType::kFloat16);
   EXPECT_EQ(b.dtype(b.binary(Op::kMax, vm, vm)), DType::kBool);
-  EXPECT_EQ(b.cast(vf, DType::kFloat32), vf);  // no-op cast
-  EXPECT_EQ(b.unary(Op::kFloor, vi), vi);      // floor of an int is itself
+  EXPECT_EQ(b.cast(vf, DType::kFloat32), vf);                          // no-op cast
+  EXPECT_EQ(b.unary(Op::kFloor, vi), vi);                              // floor of an int is itself
   EXPECT_EQ(b.dtype(b.reduce(Op::kMax, vh, 0b10)), DType::kBFloat16);  // kMax alias of amax
 }
 
@@ -209,8 +209,8 @@ TEST(IrBuilder, SerializeRoundTrips) {
   ValueId s = b.fma(vx, c3, b.binary(Op::kMax, c1, c2));
   b.store(y, b.unary(Op::kErf, s));
   ValueId vi = b.load(i);
-  b.store(z, b.reduce(Op::kProd, b.binary(Op::kPow, vi, b.constant(int64_t{-3}, DType::kInt64)),
-                      0b1));
+  b.store(z,
+          b.reduce(Op::kProd, b.binary(Op::kPow, vi, b.constant(int64_t{-3}, DType::kInt64)), 0b1));
   b.store(w, b.binary(Op::kLogicalOr, b.unary(Op::kIsNan, vx), b.constant(1, DType::kBool)));
   auto k = b.build();
   std::string data = k->serialize();
@@ -236,7 +236,8 @@ TEST(IrBuilder, DeserializeRejectsCorruptInput) {
   }
   // A checksum-valid but ill-typed body is rejected by the builder's checks.
   std::string body =
-      "onir 1\nin 0 4\nout 0\nnodes 3\n0 0 -1 -1 -1 0 0\n0 4 -1 -1 -1 1 0\n31 0 0 1 -1 -1 0\nst 2\n";
+      "onir 1\nin 0 4\nout 0\nnodes 3\n0 0 -1 -1 -1 0 0\n0 4 -1 -1 -1 1 0\n31 0 0 1 -1 -1 0\nst "
+      "2\n";
   uint64_t h = 0xCBF29CE484222325ull;
   for (unsigned char ch : body) {
     h ^= ch;

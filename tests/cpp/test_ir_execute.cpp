@@ -37,10 +37,14 @@ double round_format(double x, int p, int emin_e, double max_finite) {
 }
 double ref_round(DType dt, double x) {
   switch (dt) {
-    case DType::kBFloat16: return round_format(x, 8, -125, 0x1.FEp127);
-    case DType::kFloat16: return round_format(x, 11, -13, 65504.0);
-    case DType::kFloat32: return static_cast<float>(x);
-    default: return x;
+    case DType::kBFloat16:
+      return round_format(x, 8, -125, 0x1.FEp127);
+    case DType::kFloat16:
+      return round_format(x, 11, -13, 65504.0);
+    case DType::kFloat32:
+      return static_cast<float>(x);
+    default:
+      return x;
   }
 }
 
@@ -60,45 +64,79 @@ int64_t wrap(DType dt, int64_t v) {
 template <class T>
 T ref_float_unary(Op op, T x) {
   switch (op) {
-    case Op::kNeg: return -x;
-    case Op::kAbs: return std::fabs(x);
-    case Op::kSign: return T(x > 0) - T(x < 0);
-    case Op::kReciprocal: return T(1) / x;
-    case Op::kExp: return std::exp(x);
-    case Op::kExp2: return std::exp2(x);
-    case Op::kExpm1: return std::expm1(x);
-    case Op::kLog: return std::log(x);
-    case Op::kLog2: return std::log2(x);
-    case Op::kLog10: return std::log10(x);
-    case Op::kLog1p: return std::log1p(x);
-    case Op::kSqrt: return std::sqrt(x);
-    case Op::kRsqrt: return T(1) / std::sqrt(x);
-    case Op::kSin: return std::sin(x);
-    case Op::kCos: return std::cos(x);
-    case Op::kTan: return std::tan(x);
-    case Op::kAtan: return std::atan(x);
-    case Op::kTanh: return std::tanh(x);
-    case Op::kSigmoid: return T(1) / (T(1) + std::exp(-x));
-    case Op::kErf: return std::erf(x);
-    case Op::kErfc: return std::erfc(x);
-    case Op::kFloor: return std::floor(x);
-    case Op::kCeil: return std::ceil(x);
-    case Op::kTrunc: return std::trunc(x);
-    case Op::kRound: return std::nearbyint(x);
-    default: ADD_FAILURE() << "ref: unary " << op_name(op); return 0;
+    case Op::kNeg:
+      return -x;
+    case Op::kAbs:
+      return std::fabs(x);
+    case Op::kSign:
+      return T(x > 0) - T(x < 0);
+    case Op::kReciprocal:
+      return T(1) / x;
+    case Op::kExp:
+      return std::exp(x);
+    case Op::kExp2:
+      return std::exp2(x);
+    case Op::kExpm1:
+      return std::expm1(x);
+    case Op::kLog:
+      return std::log(x);
+    case Op::kLog2:
+      return std::log2(x);
+    case Op::kLog10:
+      return std::log10(x);
+    case Op::kLog1p:
+      return std::log1p(x);
+    case Op::kSqrt:
+      return std::sqrt(x);
+    case Op::kRsqrt:
+      return T(1) / std::sqrt(x);
+    case Op::kSin:
+      return std::sin(x);
+    case Op::kCos:
+      return std::cos(x);
+    case Op::kTan:
+      return std::tan(x);
+    case Op::kAtan:
+      return std::atan(x);
+    case Op::kTanh:
+      return std::tanh(x);
+    case Op::kSigmoid:
+      return T(1) / (T(1) + std::exp(-x));
+    case Op::kErf:
+      return std::erf(x);
+    case Op::kErfc:
+      return std::erfc(x);
+    case Op::kFloor:
+      return std::floor(x);
+    case Op::kCeil:
+      return std::ceil(x);
+    case Op::kTrunc:
+      return std::trunc(x);
+    case Op::kRound:
+      return std::nearbyint(x);
+    default:
+      ADD_FAILURE() << "ref: unary " << op_name(op);
+      return 0;
   }
 }
 
 template <class T>
 T ref_float_binary(Op op, T a, T b) {
   switch (op) {
-    case Op::kAdd: return a + b;
-    case Op::kSub: return a - b;
-    case Op::kMul: return a * b;
-    case Op::kDiv: return a / b;
-    case Op::kMax: return std::isnan(a) || std::isnan(b) ? NAN : (a > b ? a : b);
-    case Op::kMin: return std::isnan(a) || std::isnan(b) ? NAN : (a < b ? a : b);
-    case Op::kPow: return std::pow(a, b);
+    case Op::kAdd:
+      return a + b;
+    case Op::kSub:
+      return a - b;
+    case Op::kMul:
+      return a * b;
+    case Op::kDiv:
+      return a / b;
+    case Op::kMax:
+      return std::isnan(a) || std::isnan(b) ? NAN : (a > b ? a : b);
+    case Op::kMin:
+      return std::isnan(a) || std::isnan(b) ? NAN : (a < b ? a : b);
+    case Op::kPow:
+      return std::pow(a, b);
     case Op::kRemainder: {
       T m = std::fmod(a, b);
       return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
@@ -112,7 +150,9 @@ T ref_float_binary(Op op, T a, T b) {
       T fl = std::floor(d);
       return d - fl > T(0.5) ? fl + 1 : fl;
     }
-    default: ADD_FAILURE() << "ref: binary " << op_name(op); return 0;
+    default:
+      ADD_FAILURE() << "ref: binary " << op_name(op);
+      return 0;
   }
 }
 
@@ -121,10 +161,14 @@ int64_t ref_int_binary(Op op, DType dt, int64_t a, int64_t b) {
                                    : std::numeric_limits<int64_t>::min();
   auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
   switch (op) {
-    case Op::kAdd: return wrap(dt, static_cast<int64_t>(u(a) + u(b)));
-    case Op::kSub: return wrap(dt, static_cast<int64_t>(u(a) - u(b)));
-    case Op::kMul: return wrap(dt, static_cast<int64_t>(u(a) * u(b)));
-    case Op::kDiv: return b == 0 ? 0 : (a == lo && b == -1) ? lo : a / b;
+    case Op::kAdd:
+      return wrap(dt, static_cast<int64_t>(u(a) + u(b)));
+    case Op::kSub:
+      return wrap(dt, static_cast<int64_t>(u(a) - u(b)));
+    case Op::kMul:
+      return wrap(dt, static_cast<int64_t>(u(a) * u(b)));
+    case Op::kDiv:
+      return b == 0 ? 0 : (a == lo && b == -1) ? lo : a / b;
     case Op::kRemainder: {
       if (b == 0 || b == -1) return 0;
       int64_t r = a % b;
@@ -136,25 +180,33 @@ int64_t ref_int_binary(Op op, DType dt, int64_t a, int64_t b) {
       int64_t q = a / b;
       return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
     }
-    case Op::kMax: return std::max(a, b);
-    case Op::kMin: return std::min(a, b);
+    case Op::kMax:
+      return std::max(a, b);
+    case Op::kMin:
+      return std::min(a, b);
     case Op::kPow: {
       if (b < 0) return a == 1 ? 1 : a == -1 ? ((b & 1) ? -1 : 1) : 0;
       uint64_t r = 1;
       for (int64_t j = 0; j < b; ++j) r *= u(a);
       return wrap(dt, static_cast<int64_t>(r));
     }
-    case Op::kBitAnd: return a & b;
-    case Op::kBitOr: return a | b;
-    case Op::kBitXor: return a ^ b;
-    default: ADD_FAILURE() << "ref: int binary " << op_name(op); return 0;
+    case Op::kBitAnd:
+      return a & b;
+    case Op::kBitOr:
+      return a | b;
+    case Op::kBitXor:
+      return a ^ b;
+    default:
+      ADD_FAILURE() << "ref: int binary " << op_name(op);
+      return 0;
   }
 }
 
 int64_t ref_float_to_int(double x, DType dt) {
   double lim = dt == DType::kInt32 ? 2147483648.0 : 9223372036854775808.0;
-  if (!(x >= -lim && x < lim)) return dt == DType::kInt32 ? std::numeric_limits<int32_t>::min()
-                                                          : std::numeric_limits<int64_t>::min();
+  if (!(x >= -lim && x < lim))
+    return dt == DType::kInt32 ? std::numeric_limits<int32_t>::min()
+                               : std::numeric_limits<int64_t>::min();
   return static_cast<int64_t>(x);
 }
 
@@ -197,8 +249,14 @@ std::vector<int64_t> contiguous(const std::vector<int64_t>& sizes, uint64_t bcas
 void write_elem(Buf& b, int64_t off, V v) {
   char* p = b.data() + off * static_cast<int64_t>(dtype_size(b.dt));
   switch (b.dt) {
-    case DType::kFloat32: { float f = static_cast<float>(v.f); std::memcpy(p, &f, 4); break; }
-    case DType::kFloat64: std::memcpy(p, &v.f, 8); break;
+    case DType::kFloat32: {
+      float f = static_cast<float>(v.f);
+      std::memcpy(p, &f, 4);
+      break;
+    }
+    case DType::kFloat64:
+      std::memcpy(p, &v.f, 8);
+      break;
     case DType::kBFloat16:
     case DType::kFloat16: {
       // v.f is exactly representable: encode by searching the 16-bit pattern space lazily.
@@ -212,9 +270,12 @@ void write_elem(Buf& b, int64_t off, V v) {
         // Half encode for exactly representable values.
         uint16_t sign = (u >> 16) & 0x8000;
         double a = std::fabs(v.f);
-        if (std::isnan(v.f)) h = 0x7E00;
-        else if (std::isinf(a)) h = sign | 0x7C00;
-        else if (a < std::ldexp(1.0, -14)) h = sign | static_cast<uint16_t>(a * std::ldexp(1.0, 24));
+        if (std::isnan(v.f))
+          h = 0x7E00;
+        else if (std::isinf(a))
+          h = sign | 0x7C00;
+        else if (a < std::ldexp(1.0, -14))
+          h = sign | static_cast<uint16_t>(a * std::ldexp(1.0, 24));
         else {
           int e;
           double m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
@@ -225,9 +286,17 @@ void write_elem(Buf& b, int64_t off, V v) {
       std::memcpy(p, &h, 2);
       break;
     }
-    case DType::kInt32: { int32_t x = static_cast<int32_t>(v.i); std::memcpy(p, &x, 4); break; }
-    case DType::kInt64: std::memcpy(p, &v.i, 8); break;
-    case DType::kBool: *reinterpret_cast<uint8_t*>(p) = v.i != 0; break;
+    case DType::kInt32: {
+      int32_t x = static_cast<int32_t>(v.i);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case DType::kInt64:
+      std::memcpy(p, &v.i, 8);
+      break;
+    case DType::kBool:
+      *reinterpret_cast<uint8_t*>(p) = v.i != 0;
+      break;
   }
 }
 
@@ -236,8 +305,15 @@ V read_elem(const Buf& b, int64_t off) {
                   (b.offset + off) * static_cast<int64_t>(dtype_size(b.dt));
   V v;
   switch (b.dt) {
-    case DType::kFloat32: { float f; std::memcpy(&f, p, 4); v.f = f; break; }
-    case DType::kFloat64: std::memcpy(&v.f, p, 8); break;
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      v.f = f;
+      break;
+    }
+    case DType::kFloat64:
+      std::memcpy(&v.f, p, 8);
+      break;
     case DType::kBFloat16: {
       uint16_t h;
       std::memcpy(&h, p, 2);
@@ -251,15 +327,24 @@ V read_elem(const Buf& b, int64_t off) {
       uint16_t h;
       std::memcpy(&h, p, 2);
       int e = (h >> 10) & 0x1F, m = h & 0x3FF;
-      double a = e == 0 ? std::ldexp(m, -24)
+      double a = e == 0    ? std::ldexp(m, -24)
                  : e == 31 ? (m ? NAN : INFINITY)
                            : std::ldexp(1024 + m, e - 25);
       v.f = (h & 0x8000) ? -a : a;
       break;
     }
-    case DType::kInt32: { int32_t x; std::memcpy(&x, p, 4); v.i = x; break; }
-    case DType::kInt64: std::memcpy(&v.i, p, 8); break;
-    case DType::kBool: v.i = *reinterpret_cast<const uint8_t*>(p) != 0; break;
+    case DType::kInt32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      v.i = x;
+      break;
+    }
+    case DType::kInt64:
+      std::memcpy(&v.i, p, 8);
+      break;
+    case DType::kBool:
+      v.i = *reinterpret_cast<const uint8_t*>(p) != 0;
+      break;
   }
   return v;
 }
@@ -271,7 +356,8 @@ int64_t offset_of(const Buf& b, const std::vector<int64_t>& idx) {
 }
 
 // Calls f(idx) for every index of sizes (row-major).
-void for_each_index(const std::vector<int64_t>& sizes, const std::function<void(std::vector<int64_t>&)>& f) {
+void for_each_index(const std::vector<int64_t>& sizes,
+                    const std::function<void(std::vector<int64_t>&)>& f) {
   for (int64_t s : sizes)
     if (s == 0) return;
   std::vector<int64_t> idx(sizes.size(), 0);
@@ -329,8 +415,8 @@ struct Ref {
         r.i = is_float(s) ? (a[0].f != 0) : (a[0].i != 0);
       } else if (is_float(n.dtype)) {
         double x = is_float(s) ? a[0].f : static_cast<double>(a[0].i);
-        if (!is_float(s)) x = n.dtype == DType::kFloat64 ? static_cast<double>(a[0].i)
-                                                         : static_cast<float>(a[0].i);
+        if (!is_float(s))
+          x = n.dtype == DType::kFloat64 ? static_cast<double>(a[0].i) : static_cast<float>(a[0].i);
         if (n.dtype != DType::kFloat64) x = static_cast<float>(x);
         r.f = ref_round(n.dtype, x);
       } else {
@@ -339,67 +425,114 @@ struct Ref {
       return r;
     }
     switch (n.op) {
-      case Op::kEq: case Op::kNe: case Op::kLt: case Op::kLe: case Op::kGt: case Op::kGe: {
+      case Op::kEq:
+      case Op::kNe:
+      case Op::kLt:
+      case Op::kLe:
+      case Op::kGt:
+      case Op::kGe: {
         bool f = is_float(adt);
         double x = f ? a[0].f : a[0].i, y = f ? a[1].f : a[1].i;
         if (!f && adt == DType::kInt64) {  // exact int64 compare
           int64_t xi = a[0].i, yi = a[1].i;
-          r.i = n.op == Op::kEq ? xi == yi : n.op == Op::kNe ? xi != yi : n.op == Op::kLt ? xi < yi
-              : n.op == Op::kLe ? xi <= yi : n.op == Op::kGt ? xi > yi : xi >= yi;
+          r.i = n.op == Op::kEq   ? xi == yi
+                : n.op == Op::kNe ? xi != yi
+                : n.op == Op::kLt ? xi < yi
+                : n.op == Op::kLe ? xi <= yi
+                : n.op == Op::kGt ? xi > yi
+                                  : xi >= yi;
           return r;
         }
-        r.i = n.op == Op::kEq ? x == y : n.op == Op::kNe ? x != y : n.op == Op::kLt ? x < y
-            : n.op == Op::kLe ? x <= y : n.op == Op::kGt ? x > y : x >= y;
+        r.i = n.op == Op::kEq   ? x == y
+              : n.op == Op::kNe ? x != y
+              : n.op == Op::kLt ? x < y
+              : n.op == Op::kLe ? x <= y
+              : n.op == Op::kGt ? x > y
+                                : x >= y;
         return r;
       }
-      case Op::kLogicalAnd: case Op::kLogicalOr: case Op::kLogicalXor: {
+      case Op::kLogicalAnd:
+      case Op::kLogicalOr:
+      case Op::kLogicalXor: {
         bool f = is_float(adt);
         bool x = f ? a[0].f != 0 : a[0].i != 0, y = f ? a[1].f != 0 : a[1].i != 0;
         r.i = n.op == Op::kLogicalAnd ? (x && y) : n.op == Op::kLogicalOr ? (x || y) : (x != y);
         return r;
       }
-      case Op::kLogicalNot: r.i = is_float(adt) ? a[0].f == 0 : a[0].i == 0; return r;
-      case Op::kIsNan: r.i = std::isnan(a[0].f); return r;
-      case Op::kWhere: return a[0].i ? a[1] : a[2];
-      default: break;
+      case Op::kLogicalNot:
+        r.i = is_float(adt) ? a[0].f == 0 : a[0].i == 0;
+        return r;
+      case Op::kIsNan:
+        r.i = std::isnan(a[0].f);
+        return r;
+      case Op::kWhere:
+        return a[0].i ? a[1] : a[2];
+      default:
+        break;
     }
     if (n.dtype == DType::kFloat64) {
-      if (n.op == Op::kFma) r.f = std::fma(a[0].f, a[1].f, a[2].f);
-      else if (op_arity(n.op) == 2) r.f = ref_float_binary<double>(n.op, a[0].f, a[1].f);
-      else r.f = ref_float_unary<double>(n.op, a[0].f);
+      if (n.op == Op::kFma)
+        r.f = std::fma(a[0].f, a[1].f, a[2].f);
+      else if (op_arity(n.op) == 2)
+        r.f = ref_float_binary<double>(n.op, a[0].f, a[1].f);
+      else
+        r.f = ref_float_unary<double>(n.op, a[0].f);
       return r;
     }
     if (is_float(n.dtype)) {
       float x = static_cast<float>(a[0].f);
       float y = static_cast<float>(a[1].f);
       float res;
-      if (n.op == Op::kFma) res = std::fma(x, y, static_cast<float>(a[2].f));
-      else if (op_arity(n.op) == 2) res = ref_float_binary<float>(n.op, x, y);
-      else res = ref_float_unary<float>(n.op, x);
+      if (n.op == Op::kFma)
+        res = std::fma(x, y, static_cast<float>(a[2].f));
+      else if (op_arity(n.op) == 2)
+        res = ref_float_binary<float>(n.op, x, y);
+      else
+        res = ref_float_unary<float>(n.op, x);
       r.f = ref_round(n.dtype, res);
       return r;
     }
     if (n.dtype == DType::kBool) {
       int64_t x = a[0].i, y = a[1].i;
       switch (n.op) {
-        case Op::kMax: case Op::kBitOr: r.i = x | y; break;
-        case Op::kMin: case Op::kBitAnd: r.i = x & y; break;
-        case Op::kBitXor: r.i = x ^ y; break;
-        case Op::kBitNot: r.i = !x; break;
-        default: ADD_FAILURE() << "ref: bool " << op_name(n.op);
+        case Op::kMax:
+        case Op::kBitOr:
+          r.i = x | y;
+          break;
+        case Op::kMin:
+        case Op::kBitAnd:
+          r.i = x & y;
+          break;
+        case Op::kBitXor:
+          r.i = x ^ y;
+          break;
+        case Op::kBitNot:
+          r.i = !x;
+          break;
+        default:
+          ADD_FAILURE() << "ref: bool " << op_name(n.op);
       }
       return r;
     }
     auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
     switch (n.op) {
-      case Op::kNeg: r.i = wrap(n.dtype, static_cast<int64_t>(0 - u(a[0].i))); break;
-      case Op::kAbs: r.i = a[0].i < 0 ? wrap(n.dtype, static_cast<int64_t>(0 - u(a[0].i))) : a[0].i; break;
-      case Op::kSign: r.i = (a[0].i > 0) - (a[0].i < 0); break;
-      case Op::kBitNot: r.i = ~a[0].i; break;
+      case Op::kNeg:
+        r.i = wrap(n.dtype, static_cast<int64_t>(0 - u(a[0].i)));
+        break;
+      case Op::kAbs:
+        r.i = a[0].i < 0 ? wrap(n.dtype, static_cast<int64_t>(0 - u(a[0].i))) : a[0].i;
+        break;
+      case Op::kSign:
+        r.i = (a[0].i > 0) - (a[0].i < 0);
+        break;
+      case Op::kBitNot:
+        r.i = ~a[0].i;
+        break;
       case Op::kFma:
         r.i = wrap(n.dtype, static_cast<int64_t>(u(a[0].i) * u(a[1].i) + u(a[2].i)));
         break;
-      default: r.i = ref_int_binary(n.op, n.dtype, a[0].i, a[1].i);
+      default:
+        r.i = ref_int_binary(n.op, n.dtype, a[0].i, a[1].i);
     }
     return r;
   }
@@ -412,8 +545,10 @@ struct Ref {
     if (n.op == Op::kLoad) {
       r = read_elem(in[n.index], offset_of(in[n.index], idx));
     } else if (n.op == Op::kConstant) {
-      if (is_float(n.dtype)) r.f = n.constant_double();
-      else r.i = n.constant_int();
+      if (is_float(n.dtype))
+        r.f = n.constant_double();
+      else
+        r.i = n.constant_int();
     } else if (op_is_reduction(n.op)) {
       r = reduce(n, idx);
     } else {
@@ -436,13 +571,18 @@ struct Ref {
         rd.push_back(static_cast<int>(d));
       }
     DType dt = n.dtype;
-    double facc = n.op == Op::kSum ? 0 : n.op == Op::kProd ? 1
-                : n.op == Op::kAmax ? -INFINITY : INFINITY;
+    double facc = n.op == Op::kSum    ? 0
+                  : n.op == Op::kProd ? 1
+                  : n.op == Op::kAmax ? -INFINITY
+                                      : INFINITY;
     int64_t lo = dt == DType::kInt32 ? std::numeric_limits<int32_t>::min()
                                      : std::numeric_limits<int64_t>::min();
     int64_t hi = dt == DType::kInt32 ? std::numeric_limits<int32_t>::max()
                                      : std::numeric_limits<int64_t>::max();
-    if (dt == DType::kBool) { lo = 0; hi = 1; }
+    if (dt == DType::kBool) {
+      lo = 0;
+      hi = 1;
+    }
     int64_t iacc = n.op == Op::kSum ? 0 : n.op == Op::kProd ? 1 : n.op == Op::kAmax ? lo : hi;
     std::vector<int64_t> idx = at;
     for_each_index(rs, [&](std::vector<int64_t>& ri) {
@@ -451,21 +591,30 @@ struct Ref {
       V x = eval(n.args[0], idx, memo);
       if (is_float(dt)) {
         double y = x.f;
-        if (n.op == Op::kSum) facc += y;
-        else if (n.op == Op::kProd) facc *= y;
-        else if (std::isnan(y) || std::isnan(facc)) facc = NAN;
-        else facc = n.op == Op::kAmax ? std::max(facc, y) : std::min(facc, y);
+        if (n.op == Op::kSum)
+          facc += y;
+        else if (n.op == Op::kProd)
+          facc *= y;
+        else if (std::isnan(y) || std::isnan(facc))
+          facc = NAN;
+        else
+          facc = n.op == Op::kAmax ? std::max(facc, y) : std::min(facc, y);
         if (dt != DType::kFloat64) facc = static_cast<float>(facc);
       } else {
         auto u = [](int64_t z) { return static_cast<uint64_t>(z); };
-        if (n.op == Op::kSum) iacc = wrap(dt, static_cast<int64_t>(u(iacc) + u(x.i)));
-        else if (n.op == Op::kProd) iacc = wrap(dt, static_cast<int64_t>(u(iacc) * u(x.i)));
-        else iacc = n.op == Op::kAmax ? std::max(iacc, x.i) : std::min(iacc, x.i);
+        if (n.op == Op::kSum)
+          iacc = wrap(dt, static_cast<int64_t>(u(iacc) + u(x.i)));
+        else if (n.op == Op::kProd)
+          iacc = wrap(dt, static_cast<int64_t>(u(iacc) * u(x.i)));
+        else
+          iacc = n.op == Op::kAmax ? std::max(iacc, x.i) : std::min(iacc, x.i);
       }
     });
     V r;
-    if (is_float(dt)) r.f = ref_round(dt, facc);
-    else r.i = iacc;
+    if (is_float(dt))
+      r.f = ref_round(dt, facc);
+    else
+      r.i = iacc;
     return r;
   }
 };
@@ -508,8 +657,8 @@ std::vector<Buf> check(const Kernel& k, const std::vector<int64_t>& sizes,
   }
   for (int o = 0; o < k.num_outputs(); ++o) {
     bool red = k.is_reduced(k.output_value(o));
-    auto st = out_layouts[o].strides.empty() ? contiguous(sizes, red ? mask : 0)
-                                             : out_layouts[o].strides;
+    auto st =
+        out_layouts[o].strides.empty() ? contiguous(sizes, red ? mask : 0) : out_layouts[o].strides;
     out.push_back(make_buf(k.output_dtype(o), sizes, st));
     want.push_back(out.back());
   }
@@ -566,17 +715,16 @@ std::shared_ptr<const Kernel> binary_kernel(Op op, DType dt) {
 
 const DType kAllDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64,
                             DType::kInt32,   DType::kInt64,    DType::kBool};
-const DType kFloatDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16,
-                              DType::kFloat64};
+const DType kFloatDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64};
 
 // --- tests ----------------------------------------------------------------------------------
 
 TEST(IrExecute, UnaryOpsAllFloatDTypes) {
-  const Op ops[] = {Op::kNeg,  Op::kAbs,   Op::kSign, Op::kReciprocal, Op::kExp,   Op::kExp2,
-                    Op::kExpm1, Op::kLog,  Op::kLog2, Op::kLog10,      Op::kLog1p, Op::kSqrt,
-                    Op::kRsqrt, Op::kSin,  Op::kCos,  Op::kTan,        Op::kAtan,  Op::kTanh,
-                    Op::kSigmoid, Op::kErf, Op::kErfc, Op::kFloor,     Op::kCeil,  Op::kTrunc,
-                    Op::kRound, Op::kIsNan, Op::kLogicalNot};
+  const Op ops[] = {
+      Op::kNeg,   Op::kAbs,  Op::kSign,  Op::kReciprocal, Op::kExp,     Op::kExp2,      Op::kExpm1,
+      Op::kLog,   Op::kLog2, Op::kLog10, Op::kLog1p,      Op::kSqrt,    Op::kRsqrt,     Op::kSin,
+      Op::kCos,   Op::kTan,  Op::kAtan,  Op::kTanh,       Op::kSigmoid, Op::kErf,       Op::kErfc,
+      Op::kFloor, Op::kCeil, Op::kTrunc, Op::kRound,      Op::kIsNan,   Op::kLogicalNot};
   for (DType dt : kFloatDTypes)
     for (Op op : ops) {
       SCOPED_TRACE(std::string(op_name(op)) + " " + dtype_name(dt));
@@ -585,20 +733,25 @@ TEST(IrExecute, UnaryOpsAllFloatDTypes) {
 }
 
 TEST(IrExecute, BinaryOpsAllDTypes) {
-  const Op float_ops[] = {Op::kAdd, Op::kSub, Op::kMul, Op::kDiv, Op::kMax, Op::kMin, Op::kPow,
-                          Op::kRemainder, Op::kFloorDiv, Op::kEq, Op::kNe, Op::kLt, Op::kLe,
-                          Op::kGt, Op::kGe, Op::kLogicalAnd, Op::kLogicalOr, Op::kLogicalXor};
-  const Op int_ops[] = {Op::kAdd, Op::kSub, Op::kMul, Op::kDiv, Op::kMax, Op::kMin, Op::kPow,
-                        Op::kRemainder, Op::kFloorDiv, Op::kBitAnd, Op::kBitOr, Op::kBitXor,
-                        Op::kEq, Op::kNe, Op::kLt, Op::kLe, Op::kGt, Op::kGe, Op::kLogicalAnd,
-                        Op::kLogicalOr, Op::kLogicalXor};
-  const Op bool_ops[] = {Op::kMax, Op::kMin, Op::kBitAnd, Op::kBitOr, Op::kBitXor, Op::kEq,
-                         Op::kNe, Op::kLt, Op::kGe, Op::kLogicalAnd, Op::kLogicalXor};
+  const Op float_ops[] = {Op::kAdd,        Op::kSub,       Op::kMul,       Op::kDiv,      Op::kMax,
+                          Op::kMin,        Op::kPow,       Op::kRemainder, Op::kFloorDiv, Op::kEq,
+                          Op::kNe,         Op::kLt,        Op::kLe,        Op::kGt,       Op::kGe,
+                          Op::kLogicalAnd, Op::kLogicalOr, Op::kLogicalXor};
+  const Op int_ops[] = {
+      Op::kAdd,        Op::kSub,       Op::kMul,       Op::kDiv,    Op::kMax,   Op::kMin,
+      Op::kPow,        Op::kRemainder, Op::kFloorDiv,  Op::kBitAnd, Op::kBitOr, Op::kBitXor,
+      Op::kEq,         Op::kNe,        Op::kLt,        Op::kLe,     Op::kGt,    Op::kGe,
+      Op::kLogicalAnd, Op::kLogicalOr, Op::kLogicalXor};
+  const Op bool_ops[] = {Op::kMax, Op::kMin, Op::kBitAnd, Op::kBitOr,      Op::kBitXor,    Op::kEq,
+                         Op::kNe,  Op::kLt,  Op::kGe,     Op::kLogicalAnd, Op::kLogicalXor};
   for (DType dt : kAllDTypes) {
     std::vector<Op> ops;
-    if (is_float(dt)) ops.assign(std::begin(float_ops), std::end(float_ops));
-    else if (dt == DType::kBool) ops.assign(std::begin(bool_ops), std::end(bool_ops));
-    else ops.assign(std::begin(int_ops), std::end(int_ops));
+    if (is_float(dt))
+      ops.assign(std::begin(float_ops), std::end(float_ops));
+    else if (dt == DType::kBool)
+      ops.assign(std::begin(bool_ops), std::end(bool_ops));
+    else
+      ops.assign(std::begin(int_ops), std::end(int_ops));
     for (Op op : ops) {
       SCOPED_TRACE(std::string(op_name(op)) + " " + dtype_name(dt));
       check(*binary_kernel(op, dt), {3, 347}, {}, {}, Fill::kSpecial, 3);
@@ -680,10 +833,10 @@ TEST(IrExecute, BroadcastingStrideZero) {
   for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
     auto k = chain_kernel(dt);
     std::vector<int64_t> s = {37, 53};
-    check(*k, s, {{{0, 1}}, {{1, 0}}});          // row vector, column vector
-    check(*k, s, {{{0, 0}}, {}});                // scalar broadcast
+    check(*k, s, {{{0, 1}}, {{1, 0}}});  // row vector, column vector
+    check(*k, s, {{{0, 0}}, {}});        // scalar broadcast
     check(*k, {3, 5, 700}, {{{0, 700, 1}}, {{1, 0, 0}}});
-    check(*k, {600, 3}, {{{0, 1}}, {}});         // short inner dim with broadcast
+    check(*k, {600, 3}, {{{0, 1}}, {}});  // short inner dim with broadcast
   }
 }
 
@@ -700,7 +853,7 @@ TEST(IrExecute, ArbitraryAndNegativeStrides) {
 
 TEST(IrExecute, EmptyAndZeroDim) {
   auto k = chain_kernel(DType::kFloat32);
-  check(*k, {});        // 0-d: one element
+  check(*k, {});  // 0-d: one element
   check(*k, {0});
   check(*k, {5, 0, 3});
   // Nothing is written for an empty space.
@@ -743,7 +896,9 @@ TEST(IrExecute, ReductionsOverAxes) {
         // the accumulation order differs from the reference's).
         Fill fill = Fill::kDyadic;
         double rtol = rop != Op::kProd || !is_float(dt) ? 0
-                      : dt == DType::kFloat32 ? 1e-5 : dt == DType::kFloat64 ? 1e-13 : 1e-2;
+                      : dt == DType::kFloat32           ? 1e-5
+                      : dt == DType::kFloat64           ? 1e-13
+                                                        : 1e-2;
         check(*reduce_kernel(rop, dt, mask, false), s, {}, {}, fill, 5, rtol);
         // Transposed input: the reduced dims move inside/outside.
         check(*reduce_kernel(rop, dt, mask, false), s, {{{1, 5, 35}}}, {}, fill, 6, rtol);
@@ -797,8 +952,10 @@ TEST(IrExecute, ReductionOverEmptyAxesStoresIdentity) {
     Operand ins[1] = {{&in, ist}};
     Operand outs[1] = {{out.data(), ost}};
     execute(*k, sizes, 2, ins, outs);
-    float want = rop == Op::kSum ? 0.f : rop == Op::kProd ? 1.f
-               : rop == Op::kAmax ? -INFINITY : INFINITY;
+    float want = rop == Op::kSum    ? 0.f
+                 : rop == Op::kProd ? 1.f
+                 : rop == Op::kAmax ? -INFINITY
+                                    : INFINITY;
     for (float o : out) EXPECT_EQ(o, want) << op_name(rop);
   }
 }
@@ -843,23 +1000,22 @@ TEST(IrExecute, HalfPrecisionRoundsEveryIntermediate) {
 }
 
 TEST(IrExecute, ParallelBackendMatchesSerial) {
-  runtime::set_parallel_backend([](int64_t begin, int64_t end, int64_t grain,
-                                   runtime::ParallelBody body, void* ctx) {
-    int64_t mid = begin + std::max(grain, (end - begin) / 2);
-    if (mid >= end) {
-      body(ctx, begin, end);
-      return;
-    }
-    std::thread t([&] { body(ctx, begin, mid); });
-    body(ctx, mid, end);
-    t.join();
-  });
+  runtime::set_parallel_backend(
+      [](int64_t begin, int64_t end, int64_t grain, runtime::ParallelBody body, void* ctx) {
+        int64_t mid = begin + std::max(grain, (end - begin) / 2);
+        if (mid >= end) {
+          body(ctx, begin, end);
+          return;
+        }
+        std::thread t([&] { body(ctx, begin, mid); });
+        body(ctx, mid, end);
+        t.join();
+      });
   check(*chain_kernel(DType::kBFloat16), {300, 1000});
   check(*chain_kernel(DType::kFloat32), {200001});
   check(*reduce_kernel(Op::kSum, DType::kFloat32, 2, true), {500, 301},
         {{}, {contiguous({500, 301}, 2)}}, {}, Fill::kDyadic);
-  check(*reduce_kernel(Op::kAmax, DType::kFloat32, 1, false), {301, 500}, {}, {},
-        Fill::kSpecial);
+  check(*reduce_kernel(Op::kAmax, DType::kFloat32, 1, false), {301, 500}, {}, {}, Fill::kSpecial);
   runtime::set_parallel_backend(nullptr);
 }
 
@@ -868,7 +1024,8 @@ std::atomic<int64_t> g_hook_max_n{0};
 void fake_tanh(const float* x, float* y, int64_t n) {
   g_hook_calls++;
   int64_t m = g_hook_max_n.load();
-  while (n > m && !g_hook_max_n.compare_exchange_weak(m, n)) {}
+  while (n > m && !g_hook_max_n.compare_exchange_weak(m, n)) {
+  }
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] + 0.25f;
 }
 
@@ -886,8 +1043,10 @@ TEST(IrExecute, MathHooksGetWholeChunks) {
     execute(*k, &sz, 1, ins, outs);
     EXPECT_EQ(g_hook_calls.load(), (5000 + kChunkElems - 1) / kChunkElems);
     EXPECT_EQ(g_hook_max_n.load(), kChunkElems);
-    if (dt == DType::kFloat32) EXPECT_EQ(y[4999], 1.25f);
-    else EXPECT_EQ(yb[4999], 0x3FA0);  // 1.25 in bf16
+    if (dt == DType::kFloat32)
+      EXPECT_EQ(y[4999], 1.25f);
+    else
+      EXPECT_EQ(yb[4999], 0x3FA0);  // 1.25 in bf16
   }
   set_float_math(Op::kTanh, nullptr);
   EXPECT_THROW(set_float_math(Op::kAdd, fake_tanh), std::invalid_argument);
@@ -937,8 +1096,8 @@ TEST(IrExecute, InPlaceExactAliasing) {
 // A vectorizable tanh stand-in for SLEEF (the ATen glue installs the real one): a rational
 // approximation, accurate to a few ulp in [-9, 9], clamped outside, compiled for AVX-512 like
 // SLEEF's vector functions.
-__attribute__((optimize("O3"), target_clones("avx512f", "avx2", "default")))
-void fast_tanh(const float* x, float* y, int64_t n) {
+__attribute__((optimize("O3"), target_clones("avx512f", "avx2", "default"))) void fast_tanh(
+    const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float v = std::min(9.f, std::max(-9.f, x[i]));
     float v2 = v * v;
@@ -1000,21 +1159,22 @@ TEST(IrPerf, DISABLED_GeluTanhChainVsMemcpy) {
     double t_fast = best_seconds([&] { execute(*k, &n, 1, ins, outs); }, 10);
     set_float_math(Op::kTanh, nullptr);
     double t_arith = best_seconds([&] { execute(*ka, &n, 1, ins, outs); }, 10);
-    std::printf("[%s] memcpy %.2f GB/s | gelu, std::tanh: %.2f GB/s (%.0f%%) | gelu, vector tanh "
-                "hook: %.2f GB/s (%.0f%%) | same chain, tanh->abs: %.2f GB/s (%.0f%% of memcpy)\n",
-                label, gbps(bytes, t_memcpy), gbps(bytes, t_std), 100 * t_memcpy / t_std,
-                gbps(bytes, t_fast), 100 * t_memcpy / t_fast, gbps(bytes, t_arith),
-                100 * t_memcpy / t_arith);
+    std::printf(
+        "[%s] memcpy %.2f GB/s | gelu, std::tanh: %.2f GB/s (%.0f%%) | gelu, vector tanh "
+        "hook: %.2f GB/s (%.0f%%) | same chain, tanh->abs: %.2f GB/s (%.0f%% of memcpy)\n",
+        label, gbps(bytes, t_memcpy), gbps(bytes, t_std), 100 * t_memcpy / t_std,
+        gbps(bytes, t_fast), 100 * t_memcpy / t_fast, gbps(bytes, t_arith),
+        100 * t_memcpy / t_arith);
   };
   runtime::set_parallel_backend(nullptr);
   run_suite("1 thread");
-  runtime::set_parallel_backend([](int64_t begin, int64_t end, int64_t, runtime::ParallelBody body,
-                                   void* ctx) {
-    int64_t mid = begin + (end - begin) / 2;
-    std::thread th([&] { body(ctx, begin, mid); });
-    body(ctx, mid, end);
-    th.join();
-  });
+  runtime::set_parallel_backend(
+      [](int64_t begin, int64_t end, int64_t, runtime::ParallelBody body, void* ctx) {
+        int64_t mid = begin + (end - begin) / 2;
+        std::thread th([&] { body(ctx, begin, mid); });
+        body(ctx, mid, end);
+        th.join();
+      });
   run_suite("2 threads");
   runtime::set_parallel_backend(nullptr);
 }
