@@ -133,7 +133,10 @@ def test_chrome_trace_has_device_rows_ordered_within_the_window(tmp_path):
     assert any(e["cat"] == "gpu_memcpy" for e in dev), names  # the .item() copy
     threads = _row_names(trace, "thread_name")
     procs = _row_names(trace, "process_name")
-    assert threads[(0, 0)] == "neuron:0 stream 0"
+    rows = {(e["pid"], e["tid"]) for e in dev}
+    assert len(rows) == 1  # all on neuron:0's current stream
+    (pid, tid), = rows
+    assert pid == 0 and threads[(pid, tid)] == f"neuron:0 stream {tid}"
     assert procs[(0, 0)] == "neuron:0"
     by_row = {}
     for e in dev:
