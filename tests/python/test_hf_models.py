@@ -255,10 +255,12 @@ def test_gradient_checkpointing_with_dropout_gives_same_grads(device, use_reentr
         torch.testing.assert_close(g, plain[n], rtol=0, atol=0, msg=n)
 
 
+@pytest.mark.parametrize("fusion", [False, True], ids=["eager", "adaptive_eager"])
 @pytest.mark.parametrize("name", ["llama", "mixtral"])
-def test_train_step_on_second_device_matches_cpu_and_stays_there(name):
+def test_train_step_on_second_device_matches_cpu_and_stays_there(name, fusion):
     # A model on neuron:1 (current device still neuron:0): every op, allocation and the step
-    # itself happen on device 1, and the numbers are CPU's.
+    # itself happen on device 1, and the numbers are CPU's (with adaptive eager too: its fused
+    # results were allocated on the current device, see test_hf_fixes.py).
     dev1 = torch.device("neuron:1")
     cpu_model = build_model(name)
     model = copy.deepcopy(cpu_model).to(dev1)
@@ -267,7 +269,9 @@ def test_train_step_on_second_device_matches_cpu_and_stays_there(name):
     torch.neuron.synchronize(0)
     before0 = torch.neuron.memory_allocated(0)
     torch.neuron.reset_peak_memory_stats(0)
-    loss, logits, grads, params = train_step(model, batch, dev1)
+    with torch.neuron.fusion_enabled(fusion):
+        loss, logits, grads, params = train_step(model, batch, dev1)
+        torch.neuron.fusion_flush()
     assert torch.neuron.max_memory_allocated(0) == before0  # nothing was allocated on neuron:0
     assert {p.device for p in model.parameters()} == {dev1}
     torch.testing.assert_close(loss, ref[0], **LOSS_TOL)

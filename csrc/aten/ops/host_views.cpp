@@ -5,6 +5,9 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
+
+#include "runtime/device.h"
 
 namespace openneuron::aten {
 
@@ -94,6 +97,10 @@ const c10::Storage* StorageMap::source_of(const c10::StorageImpl* mapped) const 
 }
 
 at::Tensor device_empty(const TensorGeom& g, c10::Device device) {
+  // The allocator allocates on the current device: make that `device` for callers outside a
+  // DeviceGuard (the fusion recorder gave torch.where on neuron:1 a neuron:0 result).
+  c10::OptionalDeviceGuard guard;
+  if (device.has_index() && device.index() != runtime::device_current()) guard.reset_device(device);
   c10::Allocator* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
   c10::DispatchKeySet ks(c10::DispatchKey::PrivateUse1);
   if (g.offset == 0) {
