@@ -72,6 +72,14 @@ def sdpa_case(b: int, h: int, l: int, e: int, causal: bool, backward: bool):
     return f"sdpa {tag}{'fwd+bwd' if backward else 'fwd'} [{b},{h},{l},{e}]", build
 
 
+def embedding_backward_case(n: int, vocab: int, dim: int):
+    def build(device, dtype):
+        g = torch.randn(n, dim, device=device, dtype=dtype)
+        idx = torch.randint(0, vocab, (n,), device=device)
+        return lambda: torch.ops.aten.embedding_dense_backward(g, idx, vocab, -1, False)
+    return f"embedding backward {n} rows -> [{vocab}, {dim}]", build
+
+
 def adamw_case(sizes: list[int], fused: bool | None):
     def build(device, dtype):
         params = [torch.nn.Parameter(torch.randn(s, device=device, dtype=dtype)) for s in sizes]
@@ -97,6 +105,7 @@ def cases(quick: bool):
         sdpa_case(8, 4, 128, 32, causal=True, backward=False),
         sdpa_case(8, 4, 128, 32, causal=True, backward=True),
         sdpa_case(8, 8, 128, 32, causal=False, backward=True),
+        embedding_backward_case(8 * 128, 1000, 256),
         adamw_case(gpt_param_sizes(128, 4, 1000), fused=True),
         adamw_case(gpt_param_sizes(128, 4, 1000), fused=None),
     ]
@@ -104,6 +113,7 @@ def cases(quick: bool):
         out += [
             layer_norm_case(8 * 512, 1024, backward=True),
             sdpa_case(4, 8, 512, 64, causal=True, backward=True),
+            embedding_backward_case(8 * 512, 50257, 768),
             adamw_case(gpt_param_sizes(512, 8, 8192), fused=True),
         ]
     return out

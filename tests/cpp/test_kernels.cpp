@@ -11,6 +11,7 @@
 
 #include "kernels/adam.h"
 #include "kernels/attention.h"
+#include "kernels/embedding.h"
 #include "kernels/kernel_util.h"
 #include "kernels/layer_norm.h"
 #include "runtime/parallel.h"
@@ -277,6 +278,33 @@ TEST_P(Kernels, AdamSkipsOnFoundInf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(SerialAndParallel, Kernels, ::testing::Bool());
+
+}  // namespace
+}  // namespace openneuron::kernels
+
+namespace openneuron::kernels {
+namespace {
+
+TEST_P(Kernels, EmbeddingBackwardSumsRowsInOrder) {
+  const int64_t n = 300, dim = 5, nw = 1000;
+  auto g = randn(n * dim, 31);
+  std::vector<int64_t> idx(n);
+  for (int64_t i = 0; i < n; ++i) idx[i] = (i * 37) % 13 * 71 % nw;
+  idx[7] = 2;  // padding
+  std::vector<float> out(nw * dim, -1.0f);
+  int64_t bad = -1;
+  embedding_backward(DType::F32, g.data(), idx.data(), false, n, dim, nw, 2, out.data(), &bad);
+  EXPECT_EQ(bad, 0);
+  std::vector<float> ref(nw * dim, 0.0f);
+  for (int64_t i = 0; i < n; ++i)
+    if (idx[i] != 2)
+      for (int64_t d = 0; d < dim; ++d) ref[idx[i] * dim + d] += g[i * dim + d];
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(out[i], ref[i]) << i;  // same order: bitwise
+  // -1 is the padding index here (skipped, as ATen does); 1000 and -2 are out of range.
+  std::vector<int32_t> idx32{0, 1000, -1, -2, 4};
+  embedding_backward(DType::F32, g.data(), idx32.data(), true, 5, dim, nw, -1, out.data(), &bad);
+  EXPECT_EQ(bad, 2);
+}
 
 }  // namespace
 }  // namespace openneuron::kernels

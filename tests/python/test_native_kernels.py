@@ -309,3 +309,45 @@ def test_fused_adamw_noncontiguous_uses_the_fallback():
     for a, c in zip(step(DEV), step("cpu")):
         torch.testing.assert_close(a, c)
     assert native_calls("aten::_fused_adamw_") == before
+
+
+# ---- embedding backward ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_embedding_backward_is_bitwise_cpu(dtype, padding_idx):
+    torch.manual_seed(0)
+    idx = torch.randint(0, 50, (4, 33))
+    idx[0, :5] = 3  # repeated rows, and the padding row
+    w = torch.randn(50, 24).to(dtype)
+    g = torch.randn(4, 33, 24).to(dtype)
+    wc, wn = w.clone().requires_grad_(), w.to(DEV).requires_grad_()
+    before = native_calls("aten::embedding_dense_backward")
+    F.embedding(idx, wc, padding_idx=padding_idx).backward(g)
+    F.embedding(idx.to(DEV), wn, padding_idx=padding_idx).backward(g.to(DEV))
+    torch.testing.assert_close(wn.grad.cpu(), wc.grad, rtol=0, atol=0)
+    assert native_calls("aten::embedding_dense_backward") == before + 1
+
+
+def test_embedding_backward_int32_indices_and_freq_scaling():
+    g = torch.randn(10, 8)
+    idx = torch.randint(0, 6, (10,))
+    op = torch.ops.aten.embedding_dense_backward
+    for i in (idx, idx.int()):
+        torch.testing.assert_close(op(g.to(DEV), i.to(DEV), 6, -1, False).cpu(),
+                                   op(g, i, 6, -1, False), rtol=0, atol=0)
+    before = native_calls("aten::embedding_dense_backward")
+    torch.testing.assert_close(op(g.to(DEV), idx.to(DEV), 6, -1, True).cpu(),
+                               op(g, idx, 6, -1, True))  # scale_grad_by_freq: the fallback
+    assert native_calls("aten::embedding_dense_backward") == before
+
+
+def test_embedding_backward_empty_and_bad_indices():
+    op = torch.ops.aten.embedding_dense_backward
+    out = op(torch.empty(0, 4, device=DEV), torch.empty(0, dtype=torch.long, device=DEV), 5, -1,
+             False)
+    assert out.shape == (5, 4) and (out.cpu() == 0).all()
+    bad = torch.tensor([0, 7], device=DEV)
+    with pytest.raises(RuntimeError, match="out of range"):
+        op(torch.ones(2, 4, device=DEV), bad, 5, -1, False)
+        torch.neuron.synchronize()

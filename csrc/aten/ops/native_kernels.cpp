@@ -1,5 +1,6 @@
-// Native layer norm (csrc/kernels/layer_norm.h), forward and backward, registered for the
-// neuron device, and the switch that turns all native kernels off (native_kernels.h).
+// Native layer norm (csrc/kernels/layer_norm.h, forward and backward) and embedding backward
+// (csrc/kernels/embedding.h) for the neuron device, and the switch that turns all native
+// kernels off (native_kernels.h).
 // Each call checks its inputs, allocates its outputs and enqueues ONE work item that runs the
 // kernel on raw device pointers. Cases the kernel does not cover (other shapes, non-contiguous
 // or empty inputs, other dtypes) take the path they take without it: the boxed fallback
@@ -13,7 +14,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
+#include "kernels/embedding.h"
 #include "kernels/layer_norm.h"
 
 namespace openneuron::aten {
@@ -153,6 +157,45 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
   return {dx, dw, db};
 }
 
+// ---- embedding backward ---------------------------------------------------------------------
+
+at::Tensor embedding_dense_bwd(const at::Tensor& grad_output, const at::Tensor& indices,
+                               int64_t num_weights, int64_t padding_idx,
+                               bool scale_grad_by_freq) {
+  static const c10::OperatorHandle op = find_op("aten::embedding_dense_backward", "");
+  const bool ok = native_kernels_enabled() && !scale_grad_by_freq &&
+                  kernel_operand(grad_output) && grad_output.is_contiguous() &&
+                  grad_output.dim() >= 1 && on_neuron(indices) &&
+                  indices.device() == grad_output.device() && indices.is_contiguous() &&
+                  (indices.scalar_type() == c10::ScalarType::Long ||
+                   indices.scalar_type() == c10::ScalarType::Int) &&
+                  num_weights >= 0 &&
+                  grad_output.numel() == indices.numel() * grad_output.size(-1);
+  if (!ok) {
+    return boxed_fallback<at::Tensor>(op, grad_output, indices, num_weights, padding_idx,
+                                      scale_grad_by_freq);
+  }
+  static OpInfo& info = op_info("aten::embedding_dense_backward", "");
+  const int64_t dim = grad_output.size(-1), n = indices.numel();
+  at::Tensor out = empty_on({num_weights, dim}, grad_output.scalar_type(), grad_output.device());
+  if (out.numel() == 0) return out;
+  const kernels::DType dt = *kernel_dtype(grad_output.scalar_type());
+  const bool index32 = indices.scalar_type() == c10::ScalarType::Int;
+  const void* g = ptr_of(grad_output);
+  const void* ix = ptr_of(indices);
+  void* o = ptr_of(out);
+  enqueue_native(info, grad_output.device(), [=] {
+    int64_t bad = 0;
+    kernels::embedding_backward(dt, g, ix, index32, n, dim, num_weights, padding_idx, o, &bad);
+    if (bad > 0) {
+      throw std::runtime_error("embedding_dense_backward: " + std::to_string(bad) +
+                               " indices are out of range [0, " + std::to_string(num_weights) +
+                               ") (the embedding's num_embeddings)");
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 bool native_kernels_enabled() { return enabled_flag().load(std::memory_order_relaxed); }
@@ -167,4 +210,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   namespace ops = openneuron::aten;
   m.impl("native_layer_norm", TORCH_FN(ops::layer_norm_fwd));
   m.impl("native_layer_norm_backward", TORCH_FN(ops::layer_norm_bwd));
+  m.impl("embedding_dense_backward", TORCH_FN(ops::embedding_dense_bwd));
 }
