@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/profiler/stubs/base.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -50,6 +51,9 @@ bool is_bookkeeping(const char* name) {
   return name == nullptr || *name == '\0' || std::strcmp(name, "event record") == 0 ||
          std::strcmp(name, "event wait") == 0;
 }
+
+// The host-side launch event of each device op (the CUDA equivalent: cudaLaunchKernel).
+constexpr const char* kLaunchName = "neuron enqueue";
 
 libkineto::ActivityType activity_type(const char* name) {
   return std::strncmp(name, "memcpy", 6) == 0 ? libkineto::ActivityType::GPU_MEMCPY
@@ -140,6 +144,7 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
       }
       ++buffer_->gpuOpCount;
       logger.handleActivity(act);
+      if (r.correlation != 0 && r.enqueue_ns != 0) add_launch(r, linked, logger);
     }
     records_.clear();
     records_.shrink_to_fit();
@@ -151,6 +156,28 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
         logger.handleDeviceInfo(device_info(rows_[i].first), start_ns_);
       }
     }
+  }
+
+  // The host side of a device op: a runtime activity on the enqueuing thread's row, where
+  // the flow arrow to the kernel starts (as cudaLaunchKernel on CUDA).
+  void add_launch(const trace::Record& r, const libkineto::getLinkedActivityCallback& linked,
+                  libkineto::ActivityLogger& logger) {
+    buffer_->emplace_activity(buffer_->span, libkineto::ActivityType::PRIVATEUSE1_RUNTIME,
+                              std::string(kLaunchName));
+    libkineto::GenericTraceActivity& act =
+        libkineto::CpuTraceBuffer::toRef(buffer_->activities.back());
+    act.startTime = r.enqueue_ns;
+    act.endTime = r.enqueue_ns;
+    act.device = static_cast<int32_t>(getpid());
+    act.resource = r.host_thread;
+    act.threadId = r.host_thread;
+    act.id = static_cast<int32_t>(r.correlation);
+    act.addMetadata("correlation", r.correlation);
+    act.flow.id = static_cast<uint32_t>(r.correlation);
+    act.flow.type = libkineto::kLinkAsyncCpuGpu;
+    act.flow.start = true;
+    if (linked) act.linked = linked(static_cast<int32_t>(r.correlation));
+    logger.handleActivity(act);
   }
 
   std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {

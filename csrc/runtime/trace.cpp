@@ -2,7 +2,9 @@
 // touched only while a profiling session is active.
 #include "trace.h"
 
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -37,6 +39,7 @@ struct CorrelationStack {
   int depth = 0;  // may exceed kMaxCorrelationDepth; deeper ids are not kept
 };
 thread_local CorrelationStack tl_correlation;
+thread_local int32_t tl_thread_id = 0;
 
 std::atomic<int32_t> g_other_queues{0};
 
@@ -155,6 +158,15 @@ uint64_t current_correlation() noexcept {
   const CorrelationStack& s = tl_correlation;
   if (s.depth == 0) return 0;
   return s.ids[std::min(s.depth, kMaxCorrelationDepth) - 1];
+}
+
+Launch launch_now() noexcept {
+  Launch l;
+  l.correlation = current_correlation();
+  l.enqueue_ns = now_ns();
+  if (tl_thread_id == 0) tl_thread_id = static_cast<int32_t>(syscall(SYS_gettid));
+  l.host_thread = tl_thread_id;
+  return l;
 }
 
 }  // namespace openneuron::runtime::trace

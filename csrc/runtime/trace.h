@@ -18,10 +18,19 @@ struct Record {
   const char* name = "";     // Work::name (static storage)
   uint64_t correlation = 0;  // host op's profiler correlation id; 0 = unknown
   uint64_t seq = 0;          // Work::seq
+  int64_t enqueue_ns = 0;    // now_ns() when the host enqueued the item; 0 = unknown
   int64_t start_ns = 0;      // now_ns() when the executor started the item
   int64_t end_ns = 0;        // now_ns() when it returned
+  int32_t host_thread = 0;   // system thread id of the enqueuing host thread
   int32_t device = -1;
   int32_t stream = -1;  // the HAL stream's number on its device (creation order)
+};
+
+// What the work queue notes when an item is enqueued during a session (launch_now()).
+struct Launch {
+  uint64_t correlation = 0;
+  int64_t enqueue_ns = 0;
+  int32_t host_thread = 0;
 };
 
 // Where a queue's records go: parsed once from the queue's name ("neuron<d>:s<n>"); other
@@ -67,5 +76,7 @@ size_t dropped();
 void push_correlation(uint64_t id) noexcept;
 void pop_correlation() noexcept;
 uint64_t current_correlation() noexcept;
+// The calling thread's correlation id, the time and its system thread id.
+Launch launch_now() noexcept;
 
 }  // namespace openneuron::runtime::trace

@@ -66,7 +66,7 @@ WorkQueue::WorkQueue(ErrorSink* sink, std::string name)
     : sink_(sink),
       name_(std::move(name)),
       slots_(new Work[kCapacity]),
-      correlation_(new uint64_t[kCapacity]()),
+      launches_(new trace::Launch[kCapacity]),
       trace_id_(trace::queue_id(name_)) {}
 
 WorkQueue::~WorkQueue() { shutdown(); }
@@ -101,7 +101,12 @@ uint64_t WorkQueue::push(Work&& work) {
     }
   }
   slots_[t & (kCapacity - 1)] = std::move(work);
-  correlation_[t & (kCapacity - 1)] = trace::enabled() ? trace::current_correlation() : 0;
+  trace::Launch& launch = launches_[t & (kCapacity - 1)];
+  if (trace::enabled()) {
+    launch = trace::launch_now();
+  } else {
+    launch.correlation = 0;
+  }
   tail_.store(t + 1, std::memory_order_seq_cst);
   // NOTE: the first producer to see the executor asleep clears the flag and wakes it; later
   // pushes during its wake-up cost no system call.
@@ -155,7 +160,7 @@ void WorkQueue::run() {
     for (; h != t; ++h) {
       Work& w = slots_[h & (kCapacity - 1)];
       if (trace::enabled()) {
-        execute_traced(w, correlation_[h & (kCapacity - 1)]);
+        execute_traced(w, launches_[h & (kCapacity - 1)]);
       } else {
         execute(w);
       }
@@ -211,10 +216,14 @@ void WorkQueue::execute(Work& w) noexcept {
   }
 }
 
-void WorkQueue::execute_traced(Work& w, uint64_t correlation) noexcept {
+void WorkQueue::execute_traced(Work& w, const trace::Launch& launch) noexcept {
   trace::Record r;
   r.name = w.name;
-  r.correlation = correlation;
+  r.correlation = launch.correlation;
+  if (launch.correlation != 0) {
+    r.enqueue_ns = launch.enqueue_ns;
+    r.host_thread = launch.host_thread;
+  }
   r.seq = w.seq;
   r.device = trace_id_.device;
   r.stream = trace_id_.stream;

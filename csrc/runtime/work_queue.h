@@ -61,14 +61,14 @@ class WorkQueue {
   uint64_t await_work(uint64_t head);
   void execute(Work& work) noexcept;
   // execute() while a profiler session is active: times the item into the trace (trace.h).
-  void execute_traced(Work& work, uint64_t correlation) noexcept;
+  void execute_traced(Work& work, const trace::Launch& launch) noexcept;
 
   ErrorSink* sink_;
   const std::string name_;
   std::unique_ptr<Work[]> slots_;
-  // Profiler: the correlation id of the host op that pushed each slot (0 when not profiling),
-  // and where this queue's trace records go.
-  std::unique_ptr<uint64_t[]> correlation_;
+  // Profiler: who pushed each slot and when (correlation 0 when not profiling), and where
+  // this queue's trace records go.
+  std::unique_ptr<trace::Launch[]> launches_;
   const trace::QueueId trace_id_;
 
   // Producer side (guarded by push_mu_, except tail_ which the executor reads).

@@ -182,6 +182,14 @@ TEST(Trace, CorrelationIsTheInnermostHostOpAtPushTime) {
   EXPECT_EQ(recs[1].correlation, 8u);
   EXPECT_EQ(recs[2].correlation, 7u);
   EXPECT_EQ(recs[3].correlation, 0u);
+  // Launch stamps: when and from which thread the host enqueued (only for host ops).
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_GE(recs[i].enqueue_ns, t0);
+    EXPECT_LE(recs[i].enqueue_ns, recs[i].start_ns);
+    EXPECT_GT(recs[i].host_thread, 0);
+    EXPECT_EQ(recs[i].host_thread, recs[0].host_thread);
+  }
+  EXPECT_EQ(recs[3].enqueue_ns, 0);
 }
 
 }  // namespace

@@ -157,6 +157,27 @@ def test_chrome_trace_has_device_rows_ordered_within_the_window(tmp_path):
     }
     linked = [e for e in dev if _base(e["name"]) == "aten::tanh"]
     assert linked and all(e["args"]["External id"] in cpu_ids for e in linked)
+    # ... through a launch event inside that host op, where the flow arrow starts.
+    host_ops = {
+        e["args"]["External id"]: e
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+    }
+    launches = {
+        e["args"]["External id"]: e
+        for e in trace["traceEvents"]
+        if e.get("name") == "neuron enqueue"
+    }
+    flow_starts = {e["id"] for e in trace["traceEvents"] if e.get("ph") == "s"}
+    flow_ends = {e["id"] for e in trace["traceEvents"] if e.get("ph") == "f"}
+    for e in linked:
+        corr = e["args"]["External id"]
+        launch, op = launches[corr], host_ops[corr]
+        assert (launch["pid"], launch["tid"]) == (op["pid"], op["tid"])
+        # 1 us slack: PyTorch stamps host ops with its approximate (TSC-based) clock
+        assert op["ts"] - 1 <= launch["ts"] <= op["ts"] + op["dur"] + 1
+        assert launch["ts"] <= e["ts"]  # enqueued before it ran
+        assert corr in flow_starts and corr in flow_ends
 
 
 def test_rows_per_device_and_stream(tmp_path):
