@@ -1,7 +1,3 @@
-// NOTE: FP exceptions are never inspected: without trapping math GCC if-converts the selects
-// of exp_f32 and the max reductions, so those loops vectorize. Results are unchanged.
-#pragma GCC optimize("no-trapping-math")
-
 #include "kernels/layer_norm.h"
 
 #include <algorithm>
