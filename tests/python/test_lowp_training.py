@@ -534,3 +534,38 @@ def test_layer_norm_low_precision_on_the_aten_path(dtype, param_dtype):
         results.append([t.cpu() for t in (*stats, y.detach(), xs.grad, ws.grad, bs.grad)])
     for got, ref in zip(results[1], results[0], strict=True):
         assert got.dtype == ref.dtype and torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("param_dtype", ["same", "float32", "none"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_batch_norm_low_precision_statistics(dtype, param_dtype, training):
+    # Regression: native_batch_norm, _native_batch_norm_legit (and .no_stats) and
+    # _batch_norm_with_update on bf16/fp16 returned float32 save_mean/save_invstd (the meta
+    # kernel's dtype, CUDA's choice) where the CPU kernel that runs returns the input's dtype
+    # unless weight/bias/running stats are float32. Now every output, the running stats and
+    # the input gradient are bitwise CPU's.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 5, generator=gen).to(dtype)
+    pdt = {"same": dtype, "float32": torch.float32, "none": None}[param_dtype]
+    w = torch.randn(3, generator=gen).to(pdt) if pdt else None
+    b = torch.randn(3, generator=gen).to(pdt) if pdt else None
+    rm, rv = torch.zeros(3, dtype=pdt or dtype), torch.ones(3, dtype=pdt or dtype)
+    results = []
+    for dev in ("cpu", NEURON):
+        def mv(t, dev=dev):
+            return None if t is None else t.detach().clone().to(dev)
+        stats = [mv(rm), mv(rv)]
+        outs = [*torch.native_batch_norm(mv(x), mv(w), mv(b), *stats, training, 0.1, 1e-5),
+                *torch.ops.aten._native_batch_norm_legit(mv(x), mv(w), mv(b), mv(rm), mv(rv),
+                                                         training, 0.1, 1e-5),
+                *torch.ops.aten._batch_norm_with_update(mv(x), mv(w), mv(b), mv(rm), mv(rv), 0.1,
+                                                        1e-5)[:3],
+                *torch.ops.aten._native_batch_norm_legit.no_stats(mv(x), mv(w), mv(b), True, 0.1,
+                                                                  1e-5)]
+        xr = mv(x).requires_grad_()
+        y = F.batch_norm(xr, mv(rm), mv(rv), mv(w), mv(b), training=training)
+        y.float().square().sum().backward()
+        results.append([t.cpu() for t in (*outs, *stats, y.detach(), xr.grad)])
+    for i, (got, ref) in enumerate(zip(results[1], results[0], strict=True)):
+        assert got.dtype == ref.dtype and torch.equal(got, ref), (i, got.dtype, ref.dtype)

@@ -83,22 +83,16 @@ _LOW_PRECISION_UNEXPLAINED = (
     "neuron bug, not yet isolated: low-precision results differ from CPU past the tolerance "
     "(not the scalar-rounding bug of the mul/div fast path, fixed; to investigate with "
     "openneuron.ops_report which ops the neuron run decomposes into)")
-_NORM_STATS_DTYPE = (
-    "neuron bug: native_batch_norm on bfloat16/float16 input returns float32 save_mean and "
-    "save_invstd (the meta kernel's dtype, as on CUDA) where CPU returns the input dtype")
 _NORM_DECOMPOSITION = (
     "on neuron PyTorch runs this norm as its generic decomposition through native_batch_norm in "
     "the low-precision dtype (CPU: a fused kernel accumulating in float32), so results differ by "
-    "a few ulp after normalization; the float32 stats-dtype bug above adds to it")
+    "a few ulp after normalization")
 DTYPE_XFAILS = {
     **dict.fromkeys([("addr", "low"),
                      ("nn.functional.linear_cross_entropy.chunked_none", torch.float16)],
                     _LOW_PRECISION_UNEXPLAINED),
-    **dict.fromkeys([(op, "low") for op in ("native_batch_norm", "_native_batch_norm_legit",
-                                             "_batch_norm_with_update", "native_layer_norm")],
-                    _NORM_STATS_DTYPE),
-    **dict.fromkeys([("native_group_norm", "low"), ("nn.functional.group_norm", "low"),
-                     ("nn.functional.layer_norm", torch.float16)], _NORM_DECOMPOSITION),
+    **dict.fromkeys([("native_group_norm", "low"), ("nn.functional.group_norm", "low")],
+                    _NORM_DECOMPOSITION),
 }
 
 

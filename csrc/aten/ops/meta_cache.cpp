@@ -132,20 +132,27 @@ c10::SmallVector<TensorGeom, 1> geoms_of(const c10::IValue& v) {
 
 // Where an op's meta kernel is a composite whose result dtypes differ from the CPU kernel's, the
 // CPU kernel's dtypes win (it is what runs, and the device tensors must hold what it returns).
-// native_layer_norm: the composite gives bf16/fp16 inputs float32 mean/rstd; layer_norm_cpu
-// does so only for mixed calls (weight/bias of another dtype), else the input's dtype, and its
-// backward refuses stats of another dtype.
+// Layer and batch norm: the meta kernels give bf16/fp16 inputs float32 statistics (mean/rstd,
+// save_mean/save_invstd; CUDA's choice); CPU's kernels do so only for mixed calls (a weight,
+// bias or running stat of another dtype), else use the input's dtype, and their backward
+// kernels refuse statistics of another dtype.
+bool has_low_precision_stats(std::string_view name) {
+  return name == "aten::native_layer_norm" || name == "aten::native_batch_norm" ||
+         name == "aten::_native_batch_norm_legit" || name == "aten::_batch_norm_with_update" ||
+         name == "aten::_native_batch_norm_legit_no_training";
+}
+
 void match_cpu_dtypes(const OpInfo& info, c10::ArrayRef<c10::IValue> args, MetaResult& r) {
-  if (std::strcmp(info.name, "aten::native_layer_norm") != 0 || args.size() < 4 ||
-      r.returns.size() < 3 || !args[0].isTensor()) {
+  if (!has_low_precision_stats(info.schema->name()) || args.empty() || r.returns.size() < 3 ||
+      !args[0].isTensor()) {
     return;
   }
   const c10::ScalarType st = args[0].toTensor().scalar_type();
   if (!at::isReducedFloatingType(st)) return;
-  for (size_t i : {2, 3}) {
+  for (size_t i = 1; i < args.size(); ++i) {
     if (args[i].isTensor() && args[i].toTensor().defined() &&
         args[i].toTensor().scalar_type() != st) {
-      return;  // mixed: float32 stats on CPU too
+      return;  // mixed: float32 statistics on CPU too
     }
   }
   for (size_t k : {1, 2})
