@@ -28,6 +28,7 @@ struct Record {
 
 // What the work queue notes when an item is enqueued during a session (launch_now()).
 struct Launch {
+  uint64_t ticket = 0;  // the queue ticket it was noted for (a stale slot has an older one)
   uint64_t correlation = 0;
   int64_t enqueue_ns = 0;
   int32_t host_thread = 0;

@@ -101,11 +101,10 @@ uint64_t WorkQueue::push(Work&& work) {
     }
   }
   slots_[t & (kCapacity - 1)] = std::move(work);
-  trace::Launch& launch = launches_[t & (kCapacity - 1)];
   if (trace::enabled()) {
+    trace::Launch& launch = launches_[t & (kCapacity - 1)];
     launch = trace::launch_now();
-  } else {
-    launch.correlation = 0;
+    launch.ticket = t + 1;
   }
   tail_.store(t + 1, std::memory_order_seq_cst);
   // NOTE: the first producer to see the executor asleep clears the flag and wakes it; later
@@ -160,7 +159,8 @@ void WorkQueue::run() {
     for (; h != t; ++h) {
       Work& w = slots_[h & (kCapacity - 1)];
       if (trace::enabled()) {
-        execute_traced(w, launches_[h & (kCapacity - 1)]);
+        const trace::Launch& launch = launches_[h & (kCapacity - 1)];
+        execute_traced(w, launch.ticket == h + 1 ? launch : trace::Launch{});
       } else {
         execute(w);
       }

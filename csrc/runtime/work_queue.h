@@ -66,8 +66,8 @@ class WorkQueue {
   ErrorSink* sink_;
   const std::string name_;
   std::unique_ptr<Work[]> slots_;
-  // Profiler: who pushed each slot and when (correlation 0 when not profiling), and where
-  // this queue's trace records go.
+  // Profiler: who pushed each slot and when (noted only while tracing; the ticket tells a
+  // fresh note from a stale one), and where this queue's trace records go.
   std::unique_ptr<trace::Launch[]> launches_;
   const trace::QueueId trace_id_;
 
