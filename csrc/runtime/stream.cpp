@@ -27,6 +27,7 @@ struct DeviceStreams {
   std::mutex mu;
   std::array<std::atomic<HalStream*>, kStreamsPerDevice> hal{};
   std::array<std::atomic<uint32_t>, kPriorityLevels> next{};
+  std::atomic<bool> non_default_used{false};
 };
 
 struct Registry {
@@ -124,12 +125,14 @@ Stream stream_from_pool(DeviceIndex d, int priority) {
   DeviceStreams& ds = streams_of(d);
   const int level = level_of(priority);
   const uint32_t idx = ds.next[level].fetch_add(1, std::memory_order_relaxed) % kStreamPoolSize;
+  ds.non_default_used.store(true, std::memory_order_relaxed);
   return Stream(d, 1 + static_cast<int64_t>(level) * kStreamPoolSize + idx);
 }
 
 Stream stream_from_id(DeviceIndex d, int64_t id) {
-  streams_of(d);
+  DeviceStreams& ds = streams_of(d);
   check_id(d, id);
+  if (id != 0) ds.non_default_used.store(true, std::memory_order_relaxed);
   return Stream(d, id);
 }
 
@@ -140,12 +143,17 @@ Stream stream_current(DeviceIndex d) {
 }
 
 void stream_set_current(const Stream& s) {
-  streams_of(s.device());
+  DeviceStreams& ds = streams_of(s.device());
   check_id(s.device(), s.id());
+  if (s.id() != 0) ds.non_default_used.store(true, std::memory_order_relaxed);
   if (static_cast<size_t>(s.device()) >= tl_current_stream.size()) {
     tl_current_stream.resize(s.device() + 1, 0);
   }
   tl_current_stream[s.device()] = s.id();
+}
+
+bool stream_non_default_used(DeviceIndex d) {
+  return streams_of(d).non_default_used.load(std::memory_order_relaxed);
 }
 
 void stream_sync_all(DeviceIndex d) {

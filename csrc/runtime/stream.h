@@ -69,5 +69,9 @@ Stream stream_from_id(DeviceIndex d, int64_t id);
 // The calling thread's current stream on d (the default stream until set).
 Stream stream_current(DeviceIndex d);
 void stream_set_current(const Stream& s);
+// Whether any stream but the default one has been handed out on d (by the pool, by id, or
+// made current). While false, every block of d was allocated and used on the default stream
+// (adaptive eager relies on this to free a pending group's dead inputs early). thread-safe.
+bool stream_non_default_used(DeviceIndex d);
 
 }  // namespace openneuron::runtime

@@ -90,6 +90,8 @@ struct Input {
   int64_t offset;
   c10::SmallVector<int64_t, 6> sizes, tstrides;
   c10::ScalarType dtype;
+  bool released = false;     // dead and given back early: see Recorder::release_dead
+  uintptr_t lo = 0, hi = 0;  // the bytes the kernel reads
 };
 
 struct Output {
@@ -111,6 +113,13 @@ struct Launch {
   std::vector<int64_t> strides;  // ndim per operand, same order
 };
 
+// Bytes from t's data pointer to one past its last element (strides are non-negative).
+uintptr_t extent_bytes(const at::Tensor& t) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.itemsize()));
+}
+
 bool same_geom(const at::Tensor& t, int64_t offset, c10::IntArrayRef sizes,
                c10::IntArrayRef strides) {  // NOLINT
   return t.storage_offset() == offset && t.sizes().equals(sizes) && t.strides().equals(strides);
@@ -127,12 +136,25 @@ class Recorder {
   // (values flow through the DAG, not memory) nor written (it is dead): its block goes back to
   // the allocator at once, so a long group holds no more memory than eager would. A later
   // output of the same group may reuse the block; nothing reads or writes the dead one.
+  // NOTE: a dead INPUT (only the group references it) is given back early too, but only while
+  // its device has used nothing but the default stream: then its block can be reused only by
+  // default-stream allocations, whose writers either flush the group first (any enqueue) or
+  // are outputs of this group, which record() lets alias a released input only exactly
+  // (same address, dtype and strides: the kernel reads each element before writing it).
   void release_dead(std::vector<c10::Storage>* garbage) {
     for (Output& o : outputs_) {
       if (!o.released && o.storage.use_count() == 1) {
         garbage->push_back(std::move(o.storage));
         o.storage = c10::Storage();
         o.released = true;
+      }
+    }
+    if (empty() || stream_id_ != 0 || runtime::stream_non_default_used(device_)) return;
+    for (Input& in : inputs_) {
+      if (!in.released && in.storage.use_count() == 1) {
+        garbage->push_back(std::move(in.storage));
+        in.storage = c10::Storage();
+        in.released = true;
       }
     }
   }
@@ -171,6 +193,7 @@ class Recorder {
 
  public:
   std::mutex& mu() { return mu_; }
+  void release_dead_now(std::vector<c10::Storage>* garbage) { release_dead(garbage); }
 };
 
 Recorder& recorder() {
@@ -221,6 +244,8 @@ int32_t Recorder::value_of(const at::Tensor& t) {
   in.sizes.assign(t.sizes().begin(), t.sizes().end());
   in.tstrides.assign(t.strides().begin(), t.strides().end());
   in.dtype = t.scalar_type();
+  in.lo = reinterpret_cast<uintptr_t>(in.data);
+  in.hi = in.lo + extent_bytes(t);
   // strides in the iteration space (right-aligned broadcasting)
   const int nd = static_cast<int>(sizes_.size());
   const int td = static_cast<int>(t.dim());
@@ -304,6 +329,20 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
         }
       }
       if (empty()) break;
+    }
+  }
+  if (!empty()) {
+    // A block given back early (a dead input) may come back as this op's output.
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(out.data_ptr());
+    const uintptr_t hi = lo + extent_bytes(out);
+    for (const Input& in : inputs_) {
+      if (!in.released || in.hi <= lo || hi <= in.lo) continue;
+      const bool exact = in.data == out.data_ptr() && in.dtype == out.scalar_type() &&
+                         out.strides().equals(in.strides);
+      if (!exact) {
+        flush("memory reuse", garbage);
+        break;
+      }
     }
   }
   if (empty()) {
@@ -648,6 +687,14 @@ bool record(const OpRecord& r) {
   std::vector<c10::Storage> garbage;
   bool ok = recorder().record(r, &garbage);
   return ok;  // garbage released here, outside the lock
+}
+
+void release_dead_slow() {
+  std::vector<c10::Storage> garbage;
+  {
+    std::lock_guard<std::mutex> lock(recorder().mu());
+    recorder().release_dead_now(&garbage);
+  }
 }
 
 void flush_slow(const char* reason) {

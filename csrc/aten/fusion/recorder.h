@@ -87,6 +87,13 @@ inline void flush(const char* reason) {
   if (detail::pending.load(std::memory_order_acquire)) flush_slow(reason);
 }
 
+// Gives back the blocks of pending results (and inputs) nothing references any more; call it
+// before allocating a new result so a long group needs no more memory than eager. thread-safe.
+void release_dead_slow();
+inline void release_dead() {
+  if (detail::pending.load(std::memory_order_acquire)) release_dead_slow();
+}
+
 struct Stats {
   uint64_t groups = 0;        // groups closed with at least one op
   uint64_t ops_fused = 0;     // ops recorded

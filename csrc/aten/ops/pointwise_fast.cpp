@@ -140,6 +140,7 @@ at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const c10::Sc
   const c10::DeviceGuard guard(self.device());
   TensorGeom g = geom_of(self);
   g.offset = 0;
+  if (fusion::enabled()) fusion::release_dead();  // dead pending results free their blocks
   at::Tensor out = device_empty(g, self.device());
   // Adaptive eager: recorded into the pending group instead of enqueued.
   if (fusion::enabled() && fusion::try_record_binary(kFusionFn[static_cast<int>(kKind)], info.name,
