@@ -1063,27 +1063,27 @@ void round_buffer(DType dt, void* buf, int64_t n) {
 }
 
 template <class T>
-void fill_constant_t(const Node& n, void* dst) {
+void fill_constant_t(const Node& n, void* dst, int64_t count) {
   T v = dtype_is_floating(n.dtype) ? static_cast<T>(n.constant_double())
                                    : static_cast<T>(n.constant_int());
-  std::fill(static_cast<T*>(dst), static_cast<T*>(dst) + kChunkElems, v);
+  std::fill(static_cast<T*>(dst), static_cast<T*>(dst) + count, v);
 }
-void fill_constant(const Node& n, void* dst) {
+void fill_constant(const Node& n, void* dst, int64_t count) {
   switch (kind_of(n.dtype)) {
     case Kind::kF32:
-      fill_constant_t<float>(n, dst);
+      fill_constant_t<float>(n, dst, count);
       break;
     case Kind::kF64:
-      fill_constant_t<double>(n, dst);
+      fill_constant_t<double>(n, dst, count);
       break;
     case Kind::kI32:
-      fill_constant_t<int32_t>(n, dst);
+      fill_constant_t<int32_t>(n, dst, count);
       break;
     case Kind::kI64:
-      fill_constant_t<int64_t>(n, dst);
+      fill_constant_t<int64_t>(n, dst, count);
       break;
     case Kind::kB8:
-      fill_constant_t<uint8_t>(n, dst);
+      fill_constant_t<uint8_t>(n, dst, count);
       break;
   }
 }
@@ -1098,6 +1098,20 @@ constexpr int64_t kSlotBytes = kChunkElems * 8 + 320;
 int64_t kind_bytes(Kind k) {
   return k == Kind::kF32 || k == Kind::kI32 ? 4 : k == Kind::kB8 ? 1 : 8;
 }
+
+// A list of dims without heap allocation (at most 64 dims).
+struct DimList {
+  int d[64];
+  int n = 0;
+  void push_back(int x) { d[n++] = x; }
+  void pop_back() { --n; }
+  int back() const { return d[n - 1]; }
+  bool empty() const { return n == 0; }
+  size_t size() const { return static_cast<size_t>(n); }
+  int operator[](size_t i) const { return d[i]; }
+  const int* begin() const { return d; }
+  const int* end() const { return d + n; }
+};
 
 struct Space {
   int nin = 0, nops = 0;
@@ -1138,7 +1152,8 @@ struct Runner {
   char* lanes;  // nred * kLanes * 8
   std::vector<void*>& ptr;
 
-  Runner(const Kernel& kk, const Plan& pl, const Space& s, Scratch& scratch)
+  // max_tile: the most elements any tile of this call has (constants are filled that far).
+  Runner(const Kernel& kk, const Plan& pl, const Space& s, Scratch& scratch, int64_t max_tile)
       : k(kk), plan(pl), sp(s), nred(static_cast<int>(pl.reductions.size())), ptr(scratch.ptr) {
     size_t bytes = (plan.full.nslots + plan.reduced.nslots + nred) * kSlotBytes + nred * kLanes * 8;
     char* m = scratch.aligned(bytes);
@@ -1148,9 +1163,9 @@ struct Runner {
     lanes = acc + nred * kSlotBytes;
     ptr.assign(k.num_values(), nullptr);
     for (ValueId v : plan.full.consts)
-      fill_constant(k.node(v), slots_full + plan.full.slot[v] * kSlotBytes);
+      fill_constant(k.node(v), slots_full + plan.full.slot[v] * kSlotBytes, max_tile);
     for (ValueId v : plan.reduced.consts)
-      fill_constant(k.node(v), slots_red + plan.reduced.slot[v] * kSlotBytes);
+      fill_constant(k.node(v), slots_red + plan.reduced.slot[v] * kSlotBytes, max_tile);
   }
 
   Kind red_kind(int r) const { return kind_of(k.node(plan.reductions[r]).dtype); }
@@ -1214,8 +1229,7 @@ struct Runner {
     }
   }
 
-  void set_offsets(const std::vector<int>& dims, int64_t lin, const int64_t* base_off,
-                   int64_t* off) const {
+  void set_offsets(const DimList& dims, int64_t lin, const int64_t* base_off, int64_t* off) const {
     for (int o = 0; o < sp.nops; ++o) off[o] = base_off ? base_off[o] : 0;
     for (int i = static_cast<int>(dims.size()) - 1; i >= 0; --i) {
       int d = dims[i];
@@ -1227,8 +1241,9 @@ struct Runner {
 };
 
 thread_local Scratch t_scratch;
+thread_local std::vector<int64_t> t_offsets;  // per-task operand offsets (4 sets)
 
-int64_t product(const Space& sp, const std::vector<int>& dims) {
+int64_t product(const Space& sp, const DimList& dims) {
   int64_t p = 1;
   for (int d : dims) p *= sp.size[d];
   return p;
@@ -1248,7 +1263,7 @@ void run_tiled(const Kernel& k, const Plan& plan, const Space& sp, int64_t r_tot
     t.row_dim = nd - 2;
     t.rows = std::min<int64_t>(sp.size[nd - 2], kChunkElems / ncol);
   }
-  std::vector<int> outer, rdims;
+  DimList outer, rdims;
   for (int d = 0; d < nd; ++d) {
     if (d == t.col_dim || d == t.row_dim) continue;
     (sp.red[d] ? rdims : outer).push_back(d);
@@ -1260,13 +1275,15 @@ void run_tiled(const Kernel& k, const Plan& plan, const Space& sp, int64_t r_tot
   int64_t grain = std::max<int64_t>(1, 32768 / tile_work);
   bool has_red = !plan.reductions.empty();
   runtime::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    Runner run(k, plan, sp, t_scratch);
-    std::vector<int64_t> off(sp.nops), roff(sp.nops);
+    Runner run(k, plan, sp, t_scratch, t.rows * t.cols);
+    t_offsets.resize(4 * static_cast<size_t>(sp.nops));
+    int64_t* off = t_offsets.data();
+    int64_t* roff = off + sp.nops;
     for (int64_t it = begin; it < end; ++it) {
       int64_t ct = it % ncoltiles;
       int64_t rt = (it / ncoltiles) % nrowtiles;
       int64_t ol = it / ncoltiles / nrowtiles;
-      run.set_offsets(outer, ol, nullptr, off.data());
+      run.set_offsets(outer, ol, nullptr, off);
       Tile tt = t;
       tt.cols = std::min(t.cols, ncol - ct * t.cols);
       for (int o = 0; o < sp.nops; ++o) off[o] += ct * t.cols * sp.st(t.col_dim, o);
@@ -1276,22 +1293,22 @@ void run_tiled(const Kernel& k, const Plan& plan, const Space& sp, int64_t r_tot
       }
       int64_t n = tt.rows * tt.cols;
       if (!has_red) {
-        run.compute(plan.full, run.slots_full, tt, off.data());
-        run.store(plan.full, tt, off.data());
+        run.compute(plan.full, run.slots_full, tt, off);
+        run.store(plan.full, tt, off);
         continue;
       }
       for (int r = 0; r < run.nred; ++r)
         fill_identity(run.red_kind(r), run.red_op(r), run.acc_buf(r), n);
       for (int64_t rl = 0; rl < r_total; ++rl) {
-        run.set_offsets(rdims, rl, off.data(), roff.data());
-        run.compute(plan.full, run.slots_full, tt, roff.data());
+        run.set_offsets(rdims, rl, off, roff);
+        run.compute(plan.full, run.slots_full, tt, roff);
         run.accumulate_all(tt, false);
-        run.store(plan.full, tt, roff.data());
+        run.store(plan.full, tt, roff);
       }
       for (int r = 0; r < run.nred; ++r)
         round_buffer(k.node(plan.reductions[r]).dtype, run.acc_buf(r), n);
-      run.compute(plan.reduced, run.slots_red, tt, off.data());
-      run.store(plan.reduced, tt, off.data());
+      run.compute(plan.reduced, run.slots_red, tt, off);
+      run.store(plan.reduced, tt, off);
     }
   });
 }
@@ -1305,7 +1322,7 @@ void run_inner_reduction(const Kernel& k, const Plan& plan, const Space& sp) {
   int q = -1;
   for (int d = 0; d < nd; ++d)
     if (!sp.red[d]) q = d;
-  std::vector<int> outer, router;
+  DimList outer, router;
   for (int d = 0; d < nd; ++d) {
     if (d == q || d == cdim) continue;
     (sp.red[d] ? router : outer).push_back(d);
@@ -1333,11 +1350,15 @@ void run_inner_reduction(const Kernel& k, const Plan& plan, const Space& sp) {
   int64_t nrowtiles = rrow >= 0 ? div_up(sp.size[rrow], rt.rows) : 1;
   int64_t nrouter = product(sp, router);
   runtime::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
-    Runner run(k, plan, sp, t_scratch);
-    std::vector<int64_t> off(sp.nops), poff(sp.nops), roff(sp.nops), toff(sp.nops);
+    Runner run(k, plan, sp, t_scratch, kChunkElems);
+    t_offsets.resize(4 * static_cast<size_t>(sp.nops));
+    int64_t* off = t_offsets.data();
+    int64_t* poff = off + sp.nops;
+    int64_t* roff = poff + sp.nops;
+    int64_t* toff = roff + sp.nops;
     for (int64_t it = begin; it < end; ++it) {
       int64_t bt = it % nbatches;
-      run.set_offsets(outer, it / nbatches, nullptr, off.data());
+      run.set_offsets(outer, it / nbatches, nullptr, off);
       int64_t p0 = bt * batch;
       int64_t np = std::min(batch, nq - p0);
       for (int o = 0; o < sp.nops; ++o) off[o] += p0 * sp.st(q, o);
@@ -1350,7 +1371,7 @@ void run_inner_reduction(const Kernel& k, const Plan& plan, const Space& sp) {
         for (int64_t p = 0; p < np; p += per) {
           t.rows = std::min(per, np - p);
           for (int o = 0; o < sp.nops; ++o) poff[o] = off[o] + p * sp.st(q, o);
-          run.compute(plan.full, run.slots_full, t, poff.data());
+          run.compute(plan.full, run.slots_full, t, poff);
           for (int r = 0; r < run.nred; ++r) {
             Kind kd = run.red_kind(r);
             int64_t kb = kind_bytes(kd);
@@ -1362,7 +1383,7 @@ void run_inner_reduction(const Kernel& k, const Plan& plan, const Space& sp) {
               finish_lanes(kd, run.red_op(r), run.lane_buf(r), run.acc_buf(r), p + row);
             }
           }
-          run.store(plan.full, t, poff.data());
+          run.store(plan.full, t, poff);
         }
       } else {
         for (int64_t p = 0; p < np; ++p) {
@@ -1370,7 +1391,7 @@ void run_inner_reduction(const Kernel& k, const Plan& plan, const Space& sp) {
           for (int r = 0; r < run.nred; ++r)
             fill_identity(run.red_kind(r), run.red_op(r), run.lane_buf(r), kLanes);
           for (int64_t rl = 0; rl < nrouter; ++rl) {
-            run.set_offsets(router, rl, poff.data(), roff.data());
+            run.set_offsets(router, rl, poff, roff);
             for (int64_t rtile = 0; rtile < nrowtiles; ++rtile) {
               for (int64_t ct = 0; ct < ncoltiles; ++ct) {
                 Tile t = rt;
@@ -1380,9 +1401,9 @@ void run_inner_reduction(const Kernel& k, const Plan& plan, const Space& sp) {
                   t.rows = std::min(rt.rows, sp.size[rrow] - rtile * rt.rows);
                   for (int o = 0; o < sp.nops; ++o) toff[o] += rtile * rt.rows * sp.st(rrow, o);
                 }
-                run.compute(plan.full, run.slots_full, t, toff.data());
+                run.compute(plan.full, run.slots_full, t, toff);
                 run.accumulate_all(t, true);
-                run.store(plan.full, t, toff.data());
+                run.store(plan.full, t, toff);
               }
             }
           }
@@ -1395,8 +1416,8 @@ void run_inner_reduction(const Kernel& k, const Plan& plan, const Space& sp) {
       Tile et;
       et.col_dim = q;
       et.cols = np;
-      run.compute(plan.reduced, run.slots_red, et, off.data());
-      run.store(plan.reduced, et, off.data());
+      run.compute(plan.reduced, run.slots_red, et, off);
+      run.store(plan.reduced, et, off);
     }
   });
 }
@@ -1418,7 +1439,22 @@ void execute(const Kernel& k, const int64_t* sizes, int ndim, const Operand* inp
   if (ndim < 64 && (mask >> ndim) != 0)
     fail("kernel reduces axes beyond the iteration space's " + std::to_string(ndim) + " dims");
   const Plan& plan = KernelExecAccess::plan(k);
-  Space sp;
+  // NOTE: per-call vectors are reused across calls on a thread (small kernels are dominated by
+  // malloc otherwise); a nested call (a math hook that executes a kernel) gets fresh ones.
+  thread_local Space t_space;
+  thread_local bool t_space_busy = false;
+  Space local_space;
+  Space& sp = t_space_busy ? local_space : t_space;
+  struct Release {
+    bool* flag;
+    ~Release() {
+      if (flag) *flag = false;
+    }
+  } release{t_space_busy ? nullptr : &t_space_busy};
+  t_space_busy = true;
+  sp.base.clear();
+  sp.dtype.clear();
+  sp.esize.clear();
   sp.nin = k.num_inputs();
   sp.nops = k.num_inputs() + k.num_outputs();
   int64_t numel = 1, r_total = 1;
@@ -1463,12 +1499,14 @@ void execute(const Kernel& k, const int64_t* sizes, int ndim, const Operand* inp
   }
   // Simplify: drop size-1 dims (and every reduced dim of an empty reduction), order by stride
   // (outputs first, then inputs; stride-0 entries do not vote), merge contiguous neighbours.
-  std::vector<int> dims;
+  int dims_buf[64];
+  int ndims = 0;
   for (int d = 0; d < ndim; ++d) {
     bool red = mask >> d & 1;
     if (sizes[d] == 1 || (red && r_total == 0)) continue;
-    dims.push_back(d);
+    dims_buf[ndims++] = d;
   }
+  int* dims = dims_buf;
   auto stride_of = [&](int d, int o) {
     return o < sp.nin ? inputs[o].strides[d] : outputs[o - sp.nin].strides[d];
   };
@@ -1482,42 +1520,39 @@ void execute(const Kernel& k, const int64_t* sizes, int ndim, const Operand* inp
     }
     return a < b;
   };
-  for (size_t i = 1; i < dims.size(); ++i)
-    for (size_t j = i; j > 0 && !outer_than(dims[j - 1], dims[j]); --j)
+  for (int i = 1; i < ndims; ++i)
+    for (int j = i; j > 0 && !outer_than(dims[j - 1], dims[j]); --j)
       std::swap(dims[j - 1], dims[j]);
-  std::vector<int64_t> size;
-  std::vector<uint8_t> red;
-  std::vector<std::vector<int64_t>> st;
-  for (int d : dims) {
+  sp.size.clear();
+  sp.red.clear();
+  sp.stride.clear();
+  for (int di = 0; di < ndims; ++di) {
+    int d = dims[di];
     bool rd = mask >> d & 1;
-    std::vector<int64_t> s(sp.nops);
-    for (int o = 0; o < sp.nops; ++o) s[o] = stride_of(d, o);
-    if (!size.empty() && red.back() == rd) {
+    if (!sp.size.empty() && sp.red.back() == rd) {
+      int64_t* prev = sp.stride.data() + sp.stride.size() - sp.nops;
       bool ok = true;
-      for (int o = 0; o < sp.nops && ok; ++o) ok = st.back()[o] == s[o] * sizes[d];
+      for (int o = 0; o < sp.nops && ok; ++o) ok = prev[o] == stride_of(d, o) * sizes[d];
       if (ok) {
-        size.back() *= sizes[d];
-        st.back() = s;
+        sp.size.back() *= sizes[d];
+        for (int o = 0; o < sp.nops; ++o) prev[o] = stride_of(d, o);
         continue;
       }
     }
-    size.push_back(sizes[d]);
-    red.push_back(rd);
-    st.push_back(s);
+    sp.size.push_back(sizes[d]);
+    sp.red.push_back(rd);
+    for (int o = 0; o < sp.nops; ++o) sp.stride.push_back(stride_of(d, o));
   }
   // Reductions with an inner reduced dim need a non-reduced dim for positions; every space
   // needs at least one dim.
-  bool mode_a = has_red && !size.empty() && red.back();
-  bool any_nr = std::find(red.begin(), red.end(), 0) != red.end();
-  if (size.empty() || (mode_a && !any_nr)) {
-    size.insert(size.begin(), 1);
-    red.insert(red.begin(), 0);
-    st.insert(st.begin(), std::vector<int64_t>(sp.nops, 0));
+  bool mode_a = has_red && !sp.size.empty() && sp.red.back();
+  bool any_nr = std::find(sp.red.begin(), sp.red.end(), 0) != sp.red.end();
+  if (sp.size.empty() || (mode_a && !any_nr)) {
+    sp.size.insert(sp.size.begin(), 1);
+    sp.red.insert(sp.red.begin(), 0);
+    sp.stride.insert(sp.stride.begin(), sp.nops, 0);
   }
-  sp.nd = static_cast<int>(size.size());
-  sp.size = size;
-  sp.red = red;
-  for (auto& s : st) sp.stride.insert(sp.stride.end(), s.begin(), s.end());
+  sp.nd = static_cast<int>(sp.size.size());
   if (mode_a)
     run_inner_reduction(k, plan, sp);
   else
