@@ -1096,8 +1096,13 @@ TEST(IrExecute, InPlaceExactAliasing) {
 // A vectorizable tanh stand-in for SLEEF (the ATen glue installs the real one): a rational
 // approximation, accurate to a few ulp in [-9, 9], clamped outside, compiled for AVX-512 like
 // SLEEF's vector functions.
-__attribute__((optimize("O3"), target_clones("avx512f", "avx2", "default"))) void fast_tanh(
-    const float* x, float* y, int64_t n) {
+// NOTE: no ifunc clones under sanitizers: the resolver runs before their runtime is up.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+__attribute__((optimize("O3")))
+#else
+__attribute__((optimize("O3"), target_clones("avx512f", "avx2", "default")))
+#endif
+void fast_tanh(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float v = std::min(9.f, std::max(-9.f, x[i]));
     float v2 = v * v;
