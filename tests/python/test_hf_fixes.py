@@ -144,3 +144,40 @@ def test_results_stay_on_the_inputs_device_under_adaptive_eager(fusion):
     for k, f in cases.items():
         assert got[k].device == dev1 and got[k].untyped_storage().device == dev1, k
         torch.testing.assert_close(got[k].cpu(), f(c, a, b, x), rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.parametrize("reduction,zero_infinity", [("mean", False), ("sum", True)])
+def test_ctc_loss_backward_is_asynchronous_and_matches_cpu(device, reduction, zero_infinity):
+    # Fix: _ctc_loss_backward had no meta kernel, so CTC training (Wav2Vec2ForCTC, HubertForCTC,
+    # nn.CTCLoss) took the warned synchronous fallback every step. compat_ops.cpp gives it one.
+    g = torch.Generator().manual_seed(0)
+    T_, N, C, S = 30, 3, 6, 8
+    logits = torch.randn(T_, N, C, generator=g)
+    targets = torch.randint(1, C, (N, S), generator=g)
+    input_lengths = torch.tensor([30, 25, 20])
+    target_lengths = torch.tensor([8, 5, 12 - 9])
+
+    def run(dev):
+        x = logits.to(dev).detach().requires_grad_()
+        loss = torch.nn.functional.ctc_loss(
+            x.log_softmax(-1), targets.to(dev), input_lengths.to(dev), target_lengths.to(dev),
+            reduction=reduction, zero_infinity=zero_infinity)
+        loss.backward()
+        return loss.detach().cpu(), x.grad.cpu()
+
+    ref_loss, ref_grad = run("cpu")
+    openneuron.ops_report(print_table=False, reset=True)
+    loss, grad = run(device)
+    assert _paths("aten::_ctc_loss_backward") == {"async"}
+    assert _paths("aten::_ctc_loss") == {"async"}
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-7)
+
+
+def test_ctc_loss_backward_meta_shape():
+    lp = torch.empty(30, 3, 6, device="meta")
+    out = torch.ops.aten._ctc_loss_backward(
+        torch.empty(3, device="meta"), lp, torch.empty(3, 8, dtype=torch.long, device="meta"),
+        [30, 25, 20], [8, 5, 3], torch.empty(3, device="meta"),
+        torch.empty(3, 30, 17, device="meta"), 0, False)
+    assert out.shape == lp.shape and out.dtype == lp.dtype and out.is_contiguous()

@@ -4,6 +4,9 @@
 //   histc on integer tensors: CUDA counts them (int64 bin arithmetic, result in the input's
 //   dtype); histogram_cpu raises "not implemented for 'Int'". Hugging Face's MoE layers
 //   (transformers.integrations.moe, grouped_mm experts) call it on int32 expert ids.
+// And meta kernels ATen lacks, so the boxed fallback can size these ops' outputs at dispatch
+// and run them asynchronously instead of synchronously:
+//   _ctc_loss_backward (CTC training: Wav2Vec2ForCTC, HubertForCTC, nn.CTCLoss).
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
 #include <torch/library.h>
@@ -85,10 +88,33 @@ void histc_out(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit
   stack->push_back(c10::IValue(out));
 }
 
+// aten::_ctc_loss_backward(Tensor grad, Tensor log_probs, Tensor targets, int[] input_lengths,
+//   int[] target_lengths, Tensor neg_log_likelihood, Tensor log_alpha, int blank,
+//   bool zero_infinity=False) -> Tensor
+// Meta: the gradient of log_probs, contiguous, as the CPU kernel's full_like(log_probs, -inf,
+// LEGACY_CONTIGUOUS_MEMORY_FORMAT).
+at::Tensor ctc_loss_backward_meta(const at::Tensor& grad, const at::Tensor& log_probs,
+                                  const at::Tensor& targets, c10::IntArrayRef input_lengths,
+                                  c10::IntArrayRef target_lengths, const at::Tensor& nll,
+                                  const at::Tensor& log_alpha, int64_t blank, bool zero_infinity) {
+  (void)grad, (void)targets, (void)nll, (void)log_alpha, (void)blank, (void)zero_infinity;
+  TORCH_CHECK(log_probs.dim() == 3, "_ctc_loss_backward: log_probs must be (T, N, C), got ",
+              log_probs.sizes());
+  TORCH_CHECK(static_cast<int64_t>(input_lengths.size()) == log_probs.size(1) &&
+                  static_cast<int64_t>(target_lengths.size()) == log_probs.size(1),
+              "_ctc_loss_backward: input_lengths and target_lengths must have batch size ",
+              log_probs.size(1), " entries");
+  return at::empty(log_probs.sizes(), log_probs.options(), at::MemoryFormat::Contiguous);
+}
+
 }  // namespace
 }  // namespace openneuron::aten
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&openneuron::aten::histc>());
   m.impl("histc.out", torch::CppFunction::makeFromBoxedFunction<&openneuron::aten::histc_out>());
+}
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("_ctc_loss_backward", TORCH_FN(openneuron::aten::ctc_loss_backward_meta));
 }
