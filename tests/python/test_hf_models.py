@@ -358,3 +358,88 @@ def test_more_architectures_forward_backward_match_cpu(device, arch):
     assert grads.keys() == ref_grads.keys() and grads
     for n, g in grads.items():
         torch.testing.assert_close(g, ref_grads[n], **GRAD_TOL, msg=n)
+
+
+# Task heads and their losses (BCE-with-logits, MSE, span QA with clamped positions, token
+# classification, seq2seq, replaced-token detection): forward + backward vs CPU.
+def _bert_config(**kw):
+    return transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, intermediate_size=64,
+                                   max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                   attention_probs_dropout_prob=0.0, **kw)
+
+
+def _task_case(name: str):
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0
+    t = transformers
+    if name == "bert_multi_label":
+        cfg = _bert_config(num_labels=3, problem_type="multi_label_classification")
+        labels = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+        return t.BertForSequenceClassification(cfg), {"attention_mask": mask, "labels": labels}
+    if name == "bert_regression":
+        return (t.BertForSequenceClassification(_bert_config(num_labels=1)),
+                {"attention_mask": mask, "labels": torch.tensor([0.5, -1.0])})
+    if name == "bert_question_answering":  # 30 is past the sequence: clamped and ignored
+        return (t.BertForQuestionAnswering(_bert_config()),
+                {"attention_mask": mask, "start_positions": torch.tensor([1, 30]),
+                 "end_positions": torch.tensor([4, 5])})
+    if name == "bert_token_classification":
+        return (t.BertForTokenClassification(_bert_config(num_labels=5)),
+                {"attention_mask": mask, "labels": torch.randint(0, 5, (BATCH, SEQ), generator=g)})
+    if name == "electra_replaced_token_detection":
+        cfg = t.ElectraConfig(vocab_size=VOCAB, embedding_size=16, hidden_size=32,
+                              num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                              max_position_embeddings=32, hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0)
+        return t.ElectraForPreTraining(cfg), {"attention_mask": mask, "labels": ids % 2}
+    if name == "bart_seq2seq":
+        cfg = t.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
+                           encoder_attention_heads=4, decoder_attention_heads=4,
+                           encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32,
+                           dropout=0.0, attention_dropout=0.0)
+        return (t.BartForConditionalGeneration(cfg),
+                {"attention_mask": mask, "labels": ids[:, :8].contiguous()})
+    raise KeyError(name)
+
+
+TASK_JUSTIFIED_SYNC: dict[str, dict[str, str]] = {
+    "bert_multi_label": {},
+    "bert_regression": {},
+    "bert_question_answering": {},
+    "bert_token_classification": {},
+    "bart_seq2seq": {},
+    # ElectraForPreTraining: loss over active (unpadded) positions via boolean indexing,
+    # logits.view(-1, n)[attention_mask.view(-1) == 1].
+    "electra_replaced_token_detection": {
+        "aten::nonzero": "boolean-mask indexing of the active positions: its length is the "
+                         "number of unpadded tokens",
+        "aten::index.Tensor_out": "the gather with that data-sized index (forward and the "
+                                  "labels); waits for the nonzero result",
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(TASK_JUSTIFIED_SYNC))
+def test_task_heads_forward_backward_match_cpu(device, name):
+    torch.manual_seed(0)
+    cpu_model, extra = _task_case(name)
+    cpu_model.train()
+    neuron_model = copy.deepcopy(cpu_model).to(device)
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(4))
+    ref = cpu_model(input_ids=ids, **extra)
+    ref.loss.backward()
+    openneuron.ops_report(print_table=False, reset=True)
+    out = neuron_model(input_ids=ids.to(device), **{k: v.to(device) for k, v in extra.items()})
+    out.loss.backward()
+    waits = non_async_ops()
+    assert waits["fallback"] == set(), waits
+    assert waits["sync"] == set(TASK_JUSTIFIED_SYNC[name]), waits
+    torch.testing.assert_close(out.loss.detach().cpu(), ref.loss.detach(), **LOSS_TOL)
+    ref_grads = {n: p.grad for n, p in cpu_model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.cpu() for n, p in neuron_model.named_parameters() if p.grad is not None}
+    assert grads.keys() == ref_grads.keys() and grads
+    for n, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[n], **GRAD_TOL, msg=n)
