@@ -1091,6 +1091,99 @@ TEST(IrExecute, InPlaceExactAliasing) {
   for (size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], 2.f * i + 1) << i;
 }
 
+// Random kernels over random shapes and layouts (permuted, broadcast, reversed, gapped).
+std::vector<int64_t> random_strides(const std::vector<int64_t>& sizes, std::mt19937& rng,
+                                    bool allow_broadcast) {
+  int nd = static_cast<int>(sizes.size());
+  std::vector<int> perm(nd);
+  for (int d = 0; d < nd; ++d) perm[d] = d;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int64_t> st(nd);
+  int64_t s = 1 + (rng() % 3 == 0 ? 1 : 0);  // sometimes a gap between elements
+  for (int i = nd - 1; i >= 0; --i) {
+    int d = perm[i];
+    bool bcast = allow_broadcast && rng() % 5 == 0;
+    st[d] = bcast ? 0 : (rng() % 5 == 0 ? -s : s);
+    if (!bcast) s *= std::max<int64_t>(sizes[d], 1);
+  }
+  return st;
+}
+
+TEST(IrExecute, FuzzRandomKernelsAndLayouts) {
+  std::mt19937 rng(20261202);
+  const DType dts[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16,
+                       DType::kFloat64, DType::kInt32,    DType::kInt64};
+  for (int iter = 0; iter < 300; ++iter) {
+    DType dt = dts[rng() % 6];
+    bool fl = is_float(dt);
+    int nd = static_cast<int>(rng() % 5);
+    std::vector<int64_t> sizes(nd);
+    for (auto& x : sizes)
+      x = rng() % 8 == 0 ? 1 + rng() % 300 : rng() % 12 == 0 ? 0 : 1 + rng() % 9;
+    KernelBuilder b;
+    std::vector<ValueId> pool;
+    int nin = 1 + static_cast<int>(rng() % 3);
+    for (int i = 0; i < nin; ++i) pool.push_back(b.load(b.add_input(dt)));
+    auto any = [&] { return pool[rng() % pool.size()]; };
+    int nops = 1 + static_cast<int>(rng() % 8);
+    for (int i = 0; i < nops; ++i) {
+      ValueId v;
+      switch (rng() % 7) {
+        case 0:
+          v = b.unary(Op::kNeg, any());
+          break;
+        case 1:
+          v = b.unary(Op::kAbs, any());
+          break;
+        case 2:
+          v = b.binary(Op::kAdd, any(), any());
+          break;
+        case 3:
+          v = b.binary(rng() % 2 ? Op::kMax : Op::kMin, any(), any());
+          break;
+        case 4:
+          v = b.where(b.binary(Op::kLt, any(), any()), any(), any());
+          break;
+        case 5:
+          v = b.binary(Op::kMul, any(), b.constant(fl && rng() % 2 ? 0.5 : -2.0, dt));
+          break;
+        default:
+          v = fl ? b.unary(Op::kTanh, any()) : b.binary(Op::kSub, any(), any());
+      }
+      pool.push_back(v);
+    }
+    ValueId last = pool.back();
+    bool full_out = true;
+    uint64_t mask = 0;
+    if (nd > 0 && rng() % 2) {
+      mask = 1 + rng() % ((uint64_t{1} << nd) - 1);
+      // Float sums depend on order: reduce floats with amax/amin only.
+      Op rop = fl ? (rng() % 2 ? Op::kAmax : Op::kAmin)
+                  : (rng() % 3 == 0 ? Op::kSum
+                     : rng() % 2    ? Op::kAmax
+                                    : Op::kAmin);
+      ValueId r = b.reduce(rop, last, mask);
+      if (rng() % 2) r = b.binary(Op::kAdd, r, b.constant(1, dt));
+      b.store(b.add_output(dt), r);
+      full_out = rng() % 2;
+    }
+    if (full_out) b.store(b.add_output(dt), pool[nin + rng() % nops]);
+    auto k = b.build();
+    std::vector<Layout> in_l(k->num_inputs()), out_l(k->num_outputs());
+    for (auto& l : in_l) l.strides = random_strides(sizes, rng, true);
+    for (int o = 0; o < k->num_outputs(); ++o) {
+      if (k->is_reduced(k->output_value(o))) continue;  // keepdim contiguous
+      out_l[o].strides = random_strides(sizes, rng, false);
+    }
+    std::string shape;
+    for (int64_t x : sizes) shape += std::to_string(x) + " ";
+    SCOPED_TRACE("iter " + std::to_string(iter) + " sizes [" + shape + "] mask " +
+                 std::to_string(mask));
+    check(*k, sizes, in_l, out_l, Fill::kSpecial, iter);
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
 // --- throughput (run by hand: --gtest_also_run_disabled_tests --gtest_filter='IrPerf.*') -----
 
 // A vectorizable tanh stand-in for SLEEF (the ATen glue installs the real one): a rational
