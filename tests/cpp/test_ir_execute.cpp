@@ -1019,6 +1019,33 @@ TEST(IrExecute, ParallelBackendMatchesSerial) {
   runtime::set_parallel_backend(nullptr);
 }
 
+TEST(IrExecute, ConcurrentCallsShareOneKernel) {
+  // The plan is built once (first call races with the others); per-thread scratch is separate.
+  auto k = chain_kernel(DType::kFloat16);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 3; ++rep) {
+        std::vector<uint16_t> x(2000 + t), y(2000 + t), out(2000 + t);
+        std::vector<uint8_t> m(2000 + t);
+        for (size_t i = 0; i < x.size(); ++i) {
+          x[i] = static_cast<uint16_t>(0x3C00 + (i % 50));  // 1.0 .. 1.05
+          y[i] = static_cast<uint16_t>(0x3C00 + (i % 7));
+        }
+        int64_t n = static_cast<int64_t>(x.size()), st = 1;
+        Operand ins[2] = {{x.data(), &st}, {y.data(), &st}};
+        Operand outs[2] = {{out.data(), &st}, {m.data(), &st}};
+        execute(*k, &n, 1, ins, outs);
+        for (size_t i = 0; i < x.size(); ++i)
+          if (m[i] != (out[i] != x[i])) failures++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
 std::atomic<int64_t> g_hook_calls{0};
 std::atomic<int64_t> g_hook_max_n{0};
 void fake_tanh(const float* x, float* y, int64_t n) {
