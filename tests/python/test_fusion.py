@@ -507,6 +507,21 @@ def test_device_change_closes_group(fusion):
     assert_bitwise(y1, x1.cpu() * 3)
 
 
+def test_functional_ops_on_a_second_device(fusion):
+    if torch.neuron.device_count() < 2:
+        pytest.skip("needs two neuron devices (NEURON_RT_VISIBLE_CORES)")
+    x = torch.randn(50, 3, device="neuron:1")
+
+    def f(t):
+        return torch.where(t > 0, t, t * 0.5), torch.relu(t * 2)
+
+    off, on = run_both(f, x)
+    for a, b in zip(off, on):
+        assert b.device == torch.device("neuron:1")
+        assert_bitwise(a, b)
+    assert torch.neuron.fusion_stats()["ops_fused"] >= 5
+
+
 def test_log_line_format(run_py):
     code = (
         "import torch\n"
