@@ -31,7 +31,7 @@
 // NOTE: the installed torch is built with kineto (torch.autograd.profiler.kineto_available());
 // its PrivateUse1 profiler registry is declared only under USE_KINETO.
 // NOTE: kineto's inline GenericTraceActivity code formats with fmt, whose compiled part torch
-// does not export: use fmt header-only here.
+// does not export: use fmt header-only here (before any fmt include; pch.h has none).
 #ifndef USE_KINETO
 #define USE_KINETO 1
 #endif
@@ -48,8 +48,11 @@ namespace trace = runtime::trace;
 
 // Work items that are bookkeeping, not device work: not shown as kernels.
 bool is_bookkeeping(const char* name) {
-  return name == nullptr || *name == '\0' || std::strcmp(name, "event record") == 0 ||
-         std::strcmp(name, "event wait") == 0;
+  return std::strcmp(name, "event record") == 0 || std::strcmp(name, "event wait") == 0;
+}
+
+const char* display_name(const char* name) {
+  return name == nullptr || *name == '\0' ? "neuron work" : name;
 }
 
 // The host-side launch event of each device op (the CUDA equivalent: cudaLaunchKernel).
@@ -118,13 +121,14 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
     buffer_->span = libkineto::TraceSpan(start_ns_, end_ns_, "neuron");
     buffer_->gpuOpCount = 0;
     for (const trace::Record& r : records_) {
-      if (is_bookkeeping(r.name) || r.device < 0) continue;
+      const char* name = display_name(r.name);
+      if (is_bookkeeping(name) || r.device < 0) continue;
       if (window_end > window_start && (r.end_ns < window_start || r.start_ns > window_end)) {
         continue;
       }
       const auto key = std::make_pair(r.device, r.stream);
       if (std::find(rows_.begin(), rows_.end(), key) == rows_.end()) rows_.push_back(key);
-      buffer_->emplace_activity(buffer_->span, activity_type(r.name), std::string(r.name));
+      buffer_->emplace_activity(buffer_->span, activity_type(name), std::string(name));
       libkineto::GenericTraceActivity& act =
           libkineto::CpuTraceBuffer::toRef(buffer_->activities.back());
       act.startTime = r.start_ns;
@@ -135,16 +139,23 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
       act.addMetadata("device", r.device);
       act.addMetadata("stream", r.stream);
       act.addMetadata("op seq", r.seq);
+      // NOTE: one host op may launch several device ops (a fused group flushed inside it, an
+      // op and its copy): they share its correlation id, so each launch->kernel arrow gets
+      // its own flow id (PyTorch warns about duplicate flow starts otherwise).
+      const bool launched = r.correlation != 0 && r.enqueue_ns != 0;
+      const uint32_t flow = launched ? next_flow_++ : 0;
       if (r.correlation != 0) {
         act.addMetadata("correlation", r.correlation);
-        act.flow.id = static_cast<uint32_t>(r.correlation);
+        if (linked) act.linked = linked(static_cast<int32_t>(r.correlation));
+      }
+      if (launched) {
+        act.flow.id = flow;
         act.flow.type = libkineto::kLinkAsyncCpuGpu;
         act.flow.start = false;
-        if (linked) act.linked = linked(static_cast<int32_t>(r.correlation));
       }
       ++buffer_->gpuOpCount;
       logger.handleActivity(act);
-      if (r.correlation != 0 && r.enqueue_ns != 0) add_launch(r, linked, logger);
+      if (launched) add_launch(r, flow, linked, logger);
     }
     records_.clear();
     records_.shrink_to_fit();
@@ -160,7 +171,8 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
 
   // The host side of a device op: a runtime activity on the enqueuing thread's row, where
   // the flow arrow to the kernel starts (as cudaLaunchKernel on CUDA).
-  void add_launch(const trace::Record& r, const libkineto::getLinkedActivityCallback& linked,
+  void add_launch(const trace::Record& r, uint32_t flow,
+                  const libkineto::getLinkedActivityCallback& linked,
                   libkineto::ActivityLogger& logger) {
     buffer_->emplace_activity(buffer_->span, libkineto::ActivityType::PRIVATEUSE1_RUNTIME,
                               std::string(kLaunchName));
@@ -173,7 +185,7 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
     act.threadId = r.host_thread;
     act.id = static_cast<int32_t>(r.correlation);
     act.addMetadata("correlation", r.correlation);
-    act.flow.id = static_cast<uint32_t>(r.correlation);
+    act.flow.id = flow;
     act.flow.type = libkineto::kLinkAsyncCpuGpu;
     act.flow.start = true;
     if (linked) act.linked = linked(static_cast<int32_t>(r.correlation));
@@ -208,6 +220,7 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
   int64_t start_ns_ = 0;
   int64_t end_ns_ = 0;
   size_t dropped_ = 0;
+  uint32_t next_flow_ = 1;
   std::vector<trace::Record> records_;
   std::vector<std::pair<int32_t, int32_t>> rows_;
   std::vector<std::string> errors_;

@@ -168,8 +168,13 @@ def test_chrome_trace_has_device_rows_ordered_within_the_window(tmp_path):
         for e in trace["traceEvents"]
         if e.get("name") == "neuron enqueue"
     }
-    flow_starts = {e["id"] for e in trace["traceEvents"] if e.get("ph") == "s"}
-    flow_ends = {e["id"] for e in trace["traceEvents"] if e.get("ph") == "f"}
+    flow_starts = {
+        (e["pid"], e["tid"], e["ts"]): e["id"] for e in trace["traceEvents"] if e.get("ph") == "s"
+    }
+    flow_ends = {
+        (e["pid"], e["tid"], e["ts"]): e["id"] for e in trace["traceEvents"] if e.get("ph") == "f"
+    }
+    assert len(set(flow_starts.values())) == len(flow_starts)  # one arrow per launch
     for e in linked:
         corr = e["args"]["External id"]
         launch, op = launches[corr], host_ops[corr]
@@ -177,7 +182,9 @@ def test_chrome_trace_has_device_rows_ordered_within_the_window(tmp_path):
         # 1 us slack: PyTorch stamps host ops with its approximate (TSC-based) clock
         assert op["ts"] - 1 <= launch["ts"] <= op["ts"] + op["dur"] + 1
         assert launch["ts"] <= e["ts"]  # enqueued before it ran
-        assert corr in flow_starts and corr in flow_ends
+        # The arrow: from the launch event to the kernel.
+        start = flow_starts[(launch["pid"], launch["tid"], launch["ts"])]
+        assert flow_ends[(e["pid"], e["tid"], e["ts"])] == start
 
 
 def test_rows_per_device_and_stream(tmp_path):
@@ -325,3 +332,28 @@ def test_profiler_does_not_change_device_type_of_host_events():
         x + 1
     host = [e for e in prof.events() if e.name == "aten::add"]
     assert host and all(e.device_type == DeviceType.CPU for e in host)
+
+
+def test_fused_kernels_of_adaptive_eager_are_profiled(run_py):
+    r = run_py(
+        """
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        x = torch.randn(1000, device="neuron")
+        torch.neuron.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as p:
+            v = ((x * 2 + 1).relu() - 3).sum().item()
+        ref = ((x.cpu() * 2 + 1).relu() - 3).sum().item()
+        assert v == ref, (v, ref)
+        names = [e.name for e in torch.neuron.profiler.device_events(p)]
+        assert "adaptive_eager::fused" in names, names
+        avg = {e.key: e for e in p.key_averages()}
+        assert avg["aten::sum"].device_time_total > 0
+        print("ok")
+        """,
+        env={"TORCH_NEURONX_ENABLE_CONCATENATION": "1"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout
+    # Several device ops launched under one host op: no flow-id collisions.
+    assert "duplicate flow" not in r.stderr
