@@ -81,8 +81,12 @@ def test_profiled_results_match_unprofiled_and_cpu():
     x_cpu = torch.randn(16, 32)
     out_ref, grads_ref = _step(_model("cpu"), x_cpu)
     out_plain, grads_plain = _step(_model("neuron"), x_cpu.to("neuron"))
-    with profile(activities=ACTIVITIES):
+    with profile(activities=ACTIVITIES) as prof:
         out_prof, grads_prof = _step(_model("neuron"), x_cpu.to("neuron"))
+    # Backward ops (run by autograd's device thread) are attributed too.
+    avg = {e.key: e for e in prof.key_averages()}
+    for op in ("aten::addmm", "aten::threshold_backward", "ReluBackward0"):
+        assert avg[op].device_time_total > 0, op
     assert torch.equal(out_prof.cpu(), out_plain.cpu())
     for gp, gq in zip(grads_prof, grads_plain):
         assert torch.equal(gp.cpu(), gq.cpu())
