@@ -361,3 +361,20 @@ def test_fused_kernels_of_adaptive_eager_are_profiled(run_py):
     assert "ok" in r.stdout
     # Several device ops launched under one host op: no flow-id collisions.
     assert "duplicate flow" not in r.stderr
+
+
+def test_async_error_in_profiled_region_is_raised_and_next_session_works():
+    x = torch.randn(4, device="neuron")
+    idx = torch.tensor([10], device="neuron")
+    torch.neuron.synchronize()
+    # The device error is the user's: raised at PyTorch's closing synchronize, not swallowed.
+    with pytest.raises(RuntimeError, match="index_select"), profile(activities=ACTIVITIES):
+        torch.index_select(x, 0, idx)  # fails on the device, asynchronously
+    # PyTorch leaves its profiler enabled after raising in __exit__ (as on CUDA); the next
+    # session takes over and ends clean.
+    with profile(activities=ACTIVITIES) as prof:
+        y = x * 3
+    assert torch.equal(y.cpu(), x.cpu() * 3)
+    assert "aten::mul" in _dev_names(prof)
+    assert _stats()["records"] == 0 and _stats()["sessions"] == 0
+    assert not torch._C._autograd._profiler_enabled()
