@@ -18,7 +18,8 @@ struct LayerNormTypes {
   DType sdtype = DType::F32;  // mean, rstd
 };
 
-// weight / bias may be null. mean / rstd: rows elements each.
+// weight / bias may be null. mean / rstd: rows elements each. n must be positive (n == 0 writes
+// nothing).
 void layer_norm_forward(LayerNormTypes t, const void* x, const void* weight, const void* bias,
                         void* y, void* mean, void* rstd, int64_t rows, int64_t n, float eps);
 
