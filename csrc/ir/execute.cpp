@@ -594,6 +594,39 @@ OPENNEURON_IR_INLINE void float_op(const Instr& in, void* const* p, int64_t n) {
   }
 }
 
+// bf16/fp16 add/sub/mul/div with the rounding in the same loop (the hot ops of autocast
+// chains; other ops round in a second pass over the L1-resident chunk).
+template <int RM>
+OPENNEURON_IR_INLINE float round_rm(float v) {
+  if constexpr (RM == 1) {
+    return numeric::round_bf16(v);
+  } else {
+    return numeric::round_f16(v);
+  }
+}
+template <int RM>
+OPENNEURON_IR_INLINE bool arith_rounded(const Instr& in, void* const* p, int64_t n) {
+  const void* a = p[in.a];
+  const void* b = p[in.b];
+  void* y = p[in.out];
+  switch (in.op) {
+    case Op::kAdd:
+      map2<float, float>(a, b, y, n, [](float x, float z) { return round_rm<RM>(x + z); });
+      return true;
+    case Op::kSub:
+      map2<float, float>(a, b, y, n, [](float x, float z) { return round_rm<RM>(x - z); });
+      return true;
+    case Op::kMul:
+      map2<float, float>(a, b, y, n, [](float x, float z) { return round_rm<RM>(x * z); });
+      return true;
+    case Op::kDiv:
+      map2<float, float>(a, b, y, n, [](float x, float z) { return round_rm<RM>(x / z); });
+      return true;
+    default:
+      return false;
+  }
+}
+
 template <class T, class U>
 T int_pow(T base, T exp) {
   if (exp < 0) {
@@ -775,6 +808,8 @@ void run_instr(const Instr& in, void* const* p, int64_t n) {
   } else {
     switch (in.kind) {
       case Kind::kF32:
+        if (in.round == 1 && arith_rounded<1>(in, p, n)) return;
+        if (in.round == 2 && arith_rounded<2>(in, p, n)) return;
         float_op<float>(in, p, n);
         break;
       case Kind::kF64:
