@@ -203,7 +203,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool]
 UNARY_OPS = ["neg", "abs", "tanh", "exp", "log", "sqrt", "rsqrt", "reciprocal", "erf", "cos",
              "relu", "square", "cube", "sigmoid", "sum", "amax", "transpose", "mul_",
              "cast", "scalar"]
-BINARY_OPS = ["add", "sub", "mul", "div", "lt", "ge", "eq", "where", "maximum", "iadd", "imul"]
+BINARY_OPS = ["add", "sub", "mul", "div", "lt", "ge", "eq", "where", "maximum", "iadd", "imul",
+              "iadd_input", "lerp", "addcmul", "addcdiv"]
 
 
 @st.composite
@@ -272,6 +273,17 @@ def apply_op(pool, op):
         return torch.where(c > 0 if c.dtype != torch.bool else c, a, b)
     if name == "maximum":
         return torch.maximum(a, b)
+    if name == "iadd_input":  # in-place on whatever a is (an input, a pending result, a view)
+        if a.dtype == torch.bool:
+            return a.logical_not_()
+        return a.add_(b)
+    if name in ("lerp", "addcmul", "addcdiv"):
+        x, y, z = _float(a), _float(b), _float(c)
+        if name == "lerp":
+            return torch.lerp(x, y.to(x.dtype), s / 4)
+        if name == "addcmul":
+            return torch.addcmul(x, y, z, value=s)
+        return torch.addcdiv(x, y, z, value=s)
     if name in ("iadd", "imul"):  # in-place on a (pending) result
         t = a * 1 if a.dtype != torch.bool else a.to(torch.int64)
         return t.add_(b) if name == "iadd" else t.mul_(b)
@@ -360,14 +372,43 @@ def test_inplace_ops_on_pending_results_are_fused(fusion):
     assert s["ops_fused"] == 5 and s["groups"] == 1 and s["outputs_written"] == 1, s
 
 
-def test_inplace_on_an_input_closes_the_group(fusion):
+def test_inplace_on_an_input_keeps_eager_order(fusion):
     x = torch.randn(100, device=NEURON)
     xc = x.cpu()
     torch.neuron.set_fusion_enabled(True)
     y = x * 2
-    x.add_(1)  # y must see the old x
+    x.add_(1)  # fused (exact aliasing); y must see the old x
+    z = x * 3  # and z the new one
     assert_bitwise(y, xc * 2)
     assert_bitwise(x, xc + 1)
+    assert_bitwise(z, (xc + 1) * 3)
+    assert torch.neuron.fusion_stats()["ops_fused"] == 3
+
+
+def adamw_like(p, g, m, v, wd=0.01, lr=1e-3, b1=0.9, b2=0.999):
+    """The single-tensor AdamW update, in place on p, m, v (what torch.optim runs per param)."""
+    p.mul_(1 - lr * wd)
+    m.lerp_(g, 1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    denom = (v.sqrt() / 0.3).add_(1e-8)
+    p.addcdiv_(m, denom, value=-lr / 0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_optimizer_update_fuses_in_place_and_is_bitwise(fusion, dtype):
+    def step():
+        p, g, m = (make([300, 7], dtype, seed=s) for s in (1, 2, 3))
+        v = make([300, 7], dtype, seed=4).abs()
+        for _ in range(3):
+            adamw_like(p, g, m, v)
+        return p, m, v
+
+    off, on = run_both(step)
+    for a, b in zip(off, on):
+        assert_bitwise(a, b)
+    if dtype == torch.float32:  # lerp/addcmul/addcdiv fuse in f32: one group per update
+        s = torch.neuron.fusion_stats()
+        assert s["ops_fused"] == 24 and s["kernels"] <= 4, s
 
 
 def test_all_dead_group_launches_nothing(fusion):
@@ -466,7 +507,7 @@ BOUNDARY_SNIPPETS = {
                      "    z = x + 1\ntorch.neuron.synchronize()",
     "shape change": "y = x * 2; z = x[0] + 1",
     "size limit": "torch.neuron.set_fusion_max_ops(3)\ny = x\nfor _ in range(5): y = y + 1",
-    "in-place op": "y = x * 2; x.tanh_()",
+    "in-place op": "y = x.t() * 2; x.tanh_()",
     "writes memory a pending op uses": "z = torch.empty_like(x); y = x * z; torch.exp(x, out=z)",
     "reads a view of a pending result": "y = x * 2; z = y.t() + 1",
     "other work enqueued": "y = x * 2; z = torch.zeros(3, device='neuron')",

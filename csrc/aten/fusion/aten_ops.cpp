@@ -19,6 +19,12 @@
 //     sqrt first in its scalar tail, so eager depends on position: neither fused there).
 //   pow(x, 2) / pow(x, 3): ATen multiplies (x*x, x*x*x, each product rounded) for f32, f64,
 //     bf16; fp16 pow calls std::pow: not fused.
+//   addcmul / addcdiv / lerp (scalar weight), f32 only: measured forms, position-independent
+//     in eager: addcmul = fma(value * t1, t2, self) (the compiler contracts it), addcdiv =
+//     self + (value * t1) / t2, lerp = fma(w, end - self, self) for |w| < 0.5 else
+//     fma(w - 1, end - self, end) (ATen's lerp_vec).
+//   In-place ops: on a pending result, or on a group input whose every load has exactly the
+//     written geometry (the kernel reads each element before writing it); else a boundary.
 //   NOT fused: sigmoid, silu, gelu, log1p (scalar tails: eager differs by position),
 //     maximum/minimum (eager's signed-zero result differs between vector and scalar paths),
 //     sin in fp16, every reduction (ATen's sum order is not reproducible; amax is, but a
@@ -80,6 +86,7 @@ struct Spec {
   bool functional;  // no out= arg: the result is allocated here
   uint16_t dtypes;  // allowed compute dtypes
   Result result;
+  int8_t param = -1;  // arg index of addcmul/addcdiv's value or lerp's weight
 };
 
 const Spec kSpecs[] = {
@@ -113,6 +120,9 @@ const Spec kSpecs[] = {
     {"aten::gt.Scalar_out", Fn::kGt, 2, -1, -1, false, kAll, Result::kBool},
     {"aten::ge.Scalar_out", Fn::kGe, 2, -1, -1, false, kAll, Result::kBool},
     {"aten::where.self", Fn::kWhere, 3, -1, -1, true, kAll, Result::kCompute},
+    {"aten::addcmul.out", Fn::kAddcmul, 3, -1, -1, false, kF32, Result::kCompute, 3},
+    {"aten::addcdiv.out", Fn::kAddcdiv, 3, -1, -1, false, kF32, Result::kCompute, 3},
+    {"aten::lerp.Scalar_out", Fn::kLerp, 2, -1, -1, false, kF32, Result::kCompute, 2},
 };
 constexpr int kNumSpecs = sizeof(kSpecs) / sizeof(kSpecs[0]);
 
@@ -272,6 +282,11 @@ bool try_record_boxed(const c10::OperatorHandle& op, OpInfo& info, torch::jit::S
     } else {
       return decline();
     }
+  }
+  if (spec->param >= 0) {
+    const c10::IValue& p = args[spec->param];
+    if (!p.isDouble() && !p.isInt()) return decline();
+    r.param = p.toScalar();
   }
   c10::ScalarType ct = at::native::result_type(state);
   if (spec->fn == Fn::kWhere) {

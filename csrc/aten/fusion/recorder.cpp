@@ -12,6 +12,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -289,6 +290,7 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
     const at::Tensor* t = r.args[i].tensor;
     writes_arg |= t && t->storage().unsafeGetStorageImpl() == out_impl;
   }
+  bool inplace_input = false;
   if (writes_arg) {
     for (size_t i = 0; i < outputs_.size(); ++i) {
       const Output& o = outputs_[i];
@@ -296,7 +298,19 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
           o.offset == out.storage_offset() && out.strides().equals(o.strides))
         inplace = static_cast<int>(i);
     }
-    bool ok = inplace >= 0;
+    bool ok = true;
+    if (inplace < 0) {
+      // In-place on an input of the group (or on memory it has not seen yet): every load of
+      // that storage must have exactly the written geometry (the kernel then reads each
+      // element before writing it: exact aliasing), and no pending result may live in it.
+      for (const Output& o : outputs_) ok &= o.storage.unsafeGetStorageImpl() != out_impl;
+      for (const Input& in : inputs_) {
+        if (in.storage.unsafeGetStorageImpl() == out_impl)
+          ok &= in.dtype == out.scalar_type() && in.offset == out.storage_offset() &&
+                out.sizes().equals(in.sizes) && out.strides().equals(in.tstrides);
+      }
+      inplace_input = ok;
+    }
     for (int i = 0; i < r.nargs && ok; ++i) {
       const at::Tensor* t = r.args[i].tensor;
       if (t && t->storage().unsafeGetStorageImpl() == out_impl)
@@ -308,7 +322,7 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
       return false;
     }
   }
-  if (!empty() && inplace < 0) {
+  if (!empty() && inplace < 0 && !inplace_input) {
     bool conflict = false;
     for (const Output& o : outputs_) conflict |= o.storage.unsafeGetStorageImpl() == out_impl;
     for (const Input& in : inputs_) conflict |= in.storage.unsafeGetStorageImpl() == out_impl;
@@ -452,6 +466,23 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
       res = push({Op::kWhere, ct, -1, {c, operand(1, ct), operand(2, ct)}, 0});
       break;
     }
+    case Fn::kAddcmul:
+    case Fn::kAddcdiv: {
+      int32_t self = operand(0, ct), t1 = operand(1, ct), t2 = operand(2, ct);
+      int32_t p = binary(Op::kMul, constant(r.param, ct), t1, ct);
+      res = r.fn == Fn::kAddcmul ? push({Op::kFma, ct, -1, {p, t2, self}, 0})
+                                 : binary(Op::kAdd, self, binary(Op::kDiv, p, t2, ct), ct);
+      break;
+    }
+    case Fn::kLerp: {
+      int32_t self = operand(0, ct), end = operand(1, ct);
+      int32_t d = binary(Op::kSub, end, self, ct);
+      const float w = static_cast<float>(r.param.toDouble());
+      const bool small = std::abs(w) < 0.5f;
+      int32_t c = constant(c10::Scalar(static_cast<double>(small ? w : w - 1.0f)), ct);
+      res = push({Op::kFma, ct, -1, {c, d, small ? self : end}, 0});
+      break;
+    }
   }
   res = cast(res, od);
   if (inplace >= 0) {
@@ -519,6 +550,9 @@ std::shared_ptr<const ir::Kernel> Recorder::kernel_for(const std::vector<int>& l
         break;
       case Op::kWhere:
         map[i] = b.where(map[n.args[0]], map[n.args[1]], map[n.args[2]]);
+        break;
+      case Op::kFma:
+        map[i] = b.fma(map[n.args[0]], map[n.args[1]], map[n.args[2]]);
         break;
       default:
         if (n.args[1] < 0) {
@@ -676,10 +710,10 @@ void Recorder::flush(const char* reason, std::vector<c10::Storage>* garbage) {
 }  // namespace
 
 const char* fn_name(Fn fn) {
-  static const char* names[] = {"neg", "abs",  "reciprocal", "sqrt",   "rsqrt", "exp",  "log",
-                                "cos", "tanh", "erf",        "square", "cube",  "relu", "cast",
-                                "add", "sub",  "mul",        "div",    "eq",    "ne",   "lt",
-                                "le",  "gt",   "ge",         "where"};
+  static const char* names[] = {
+      "neg",    "abs",  "reciprocal", "sqrt", "rsqrt", "exp",     "log",     "cos", "tanh", "erf",
+      "square", "cube", "relu",       "cast", "add",   "sub",     "mul",     "div", "eq",   "ne",
+      "lt",     "le",   "gt",         "ge",   "where", "addcmul", "addcdiv", "lerp"};
   return names[static_cast<int>(fn)];
 }
 

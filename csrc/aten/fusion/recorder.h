@@ -43,7 +43,10 @@ enum class Fn : uint8_t {
   kGt,
   kGe,
   // ternary
-  kWhere,  // args: cond (bool), a, b
+  kWhere,    // args: cond (bool), a, b
+  kAddcmul,  // self + value * t1 * t2, as ATen's f32 kernel: fma(value * t1, t2, self)
+  kAddcdiv,  // self + (value * t1) / t2
+  kLerp,     // lerp(self, end, weight scalar): ATen's fma form, |w| < 0.5 from self else end
 };
 const char* fn_name(Fn fn);
 
@@ -63,6 +66,7 @@ struct OpRecord {
   // add/sub/mul/div in bf16/fp16 with a scalar second operand: ATen computes in float with the
   // scalar's float value and rounds once (binary_op_scalar).
   bool scalar_opmath = false;
+  c10::Scalar param;                // addcmul/addcdiv value, lerp weight
   const at::Tensor* out = nullptr;  // allocated, eager's result geometry and dtype
 };
 
