@@ -1351,6 +1351,67 @@ void run_tiled(const Kernel& k, const Plan& plan, const Space& sp, int64_t r_tot
 // Reductions whose innermost dim is reduced (mode A): batches of up to kChunkElems positions
 // along the innermost non-reduced dim q; each position reduces into kLanes lanes (or, when the
 // only reduced dim is short, a tile holds several positions, one row each).
+// A reduction to a single position (e.g. a full sum) over many tiles: fixed blocks of
+// kTilesPerBlock tiles reduce into their own lanes in parallel, then the blocks' lanes combine in
+// block order. NOTE: the blocking depends only on the shape, so results do not depend on the
+// thread count (or on whether a parallel backend is installed).
+constexpr int64_t kTilesPerBlock = 32;
+
+void run_split_reduction(const Kernel& k, const Plan& plan, const Space& sp, const DimList& router,
+                         const Tile& rt, int rrow, int64_t nrowtiles, int64_t ncoltiles,
+                         int64_t ntiles) {
+  int nred = static_cast<int>(plan.reductions.size());
+  int64_t nblocks = div_up(ntiles, kTilesPerBlock);
+  const int64_t lane_bytes = kLanes * 8;
+  std::vector<char> partials(static_cast<size_t>(nblocks * nred * lane_bytes));
+  int cdim = sp.nd - 1;
+  runtime::parallel_for(0, nblocks, 1, [&](int64_t begin, int64_t end) {
+    Runner run(k, plan, sp, t_scratch, kChunkElems);
+    t_offsets.resize(4 * static_cast<size_t>(sp.nops));
+    int64_t* roff = t_offsets.data();
+    int64_t* toff = roff + sp.nops;
+    for (int64_t blk = begin; blk < end; ++blk) {
+      for (int r = 0; r < nred; ++r)
+        fill_identity(run.red_kind(r), run.red_op(r), run.lane_buf(r), kLanes);
+      int64_t t_end = std::min(ntiles, (blk + 1) * kTilesPerBlock);
+      for (int64_t ti = blk * kTilesPerBlock; ti < t_end; ++ti) {
+        int64_t ct = ti % ncoltiles;
+        int64_t rtile = (ti / ncoltiles) % nrowtiles;
+        int64_t rl = ti / ncoltiles / nrowtiles;
+        run.set_offsets(router, rl, nullptr, roff);
+        Tile t = rt;
+        t.cols = std::min(rt.cols, sp.size[cdim] - ct * rt.cols);
+        for (int o = 0; o < sp.nops; ++o) toff[o] = roff[o] + ct * rt.cols * sp.st(cdim, o);
+        if (rrow >= 0) {
+          t.rows = std::min(rt.rows, sp.size[rrow] - rtile * rt.rows);
+          for (int o = 0; o < sp.nops; ++o) toff[o] += rtile * rt.rows * sp.st(rrow, o);
+        }
+        run.compute(plan.full, run.slots_full, t, toff);
+        run.accumulate_all(t, true);
+        run.store(plan.full, t, toff);
+      }
+      for (int r = 0; r < nred; ++r)
+        std::memcpy(partials.data() + (blk * nred + r) * lane_bytes, run.lane_buf(r), lane_bytes);
+    }
+  });
+  Runner run(k, plan, sp, t_scratch, 1);
+  for (int r = 0; r < nred; ++r) {
+    Kind kd = run.red_kind(r);
+    fill_identity(kd, run.red_op(r), run.lane_buf(r), kLanes);
+    for (int64_t blk = 0; blk < nblocks; ++blk)
+      accumulate(kd, run.red_op(r), false, run.lane_buf(r),
+                 partials.data() + (blk * nred + r) * lane_bytes, kLanes);
+    finish_lanes(kd, run.red_op(r), run.lane_buf(r), run.acc_buf(r), 0);
+    round_buffer(k.node(plan.reductions[r]).dtype, run.acc_buf(r), 1);
+  }
+  Tile et;
+  et.col_dim = 0;  // the (virtual or size-1) position dim
+  et.cols = 1;
+  std::vector<int64_t> zero(sp.nops, 0);
+  run.compute(plan.reduced, run.slots_red, et, zero.data());
+  run.store(plan.reduced, et, zero.data());
+}
+
 void run_inner_reduction(const Kernel& k, const Plan& plan, const Space& sp) {
   int nd = sp.nd;
   int cdim = nd - 1;
@@ -1384,6 +1445,11 @@ void run_inner_reduction(const Kernel& k, const Plan& plan, const Space& sp) {
   int64_t ncoltiles = div_up(ncol, rt.cols);
   int64_t nrowtiles = rrow >= 0 ? div_up(sp.size[rrow], rt.rows) : 1;
   int64_t nrouter = product(sp, router);
+  int64_t ntiles = nrouter * nrowtiles * ncoltiles;
+  if (items == 1 && nq == 1 && !rows_mode && ntiles > kTilesPerBlock) {
+    run_split_reduction(k, plan, sp, router, rt, rrow, nrowtiles, ncoltiles, ntiles);
+    return;
+  }
   runtime::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
     Runner run(k, plan, sp, t_scratch, kChunkElems);
     t_offsets.resize(4 * static_cast<size_t>(sp.nops));

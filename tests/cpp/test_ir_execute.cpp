@@ -1019,6 +1019,63 @@ TEST(IrExecute, ParallelBackendMatchesSerial) {
   runtime::set_parallel_backend(nullptr);
 }
 
+TEST(IrExecute, FullReductionsSplitIntoBlocksDeterministically) {
+  // Reductions to one element over more than 32 tiles run as fixed blocks (in parallel when a
+  // backend is set); the result must not depend on the backend.
+  auto two_threads = [](int64_t begin, int64_t end, int64_t grain, runtime::ParallelBody body,
+                        void* ctx) {
+    int64_t mid = begin + std::max(grain, (end - begin) / 2);
+    if (mid >= end) {
+      body(ctx, begin, end);
+      return;
+    }
+    std::thread t([&] { body(ctx, begin, mid); });
+    body(ctx, mid, end);
+    t.join();
+  };
+  struct Case {
+    std::vector<int64_t> sizes;
+    uint64_t mask;
+    Op op;
+    DType dt;
+    Fill fill;
+  };
+  const Case cases[] = {{{40000}, 1, Op::kSum, DType::kFloat32, Fill::kDyadic},
+                        {{300, 301}, 3, Op::kSum, DType::kBFloat16, Fill::kDyadic},
+                        {{70, 3, 1100}, 7, Op::kAmax, DType::kFloat16, Fill::kSpecial},
+                        {{50001}, 1, Op::kSum, DType::kInt64, Fill::kWideInt}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(op_name(c.op)) + " " + dtype_name(c.dt));
+    auto k = reduce_kernel(c.op, c.dt, c.mask, false);
+    runtime::set_parallel_backend(nullptr);
+    std::vector<Buf> serial = check(*k, c.sizes, {}, {}, c.fill, 11);
+    runtime::set_parallel_backend(two_threads);
+    std::vector<Buf> parallel = check(*k, c.sizes, {}, {}, c.fill, 11);
+    runtime::set_parallel_backend(nullptr);
+    EXPECT_EQ(serial[0].mem, parallel[0].mem);
+  }
+  // A float sum with rounding (not dyadic): serial and parallel still agree bit for bit.
+  KernelBuilder b;
+  int x = b.add_input(DType::kFloat32);
+  b.store(b.add_output(DType::kFloat32), b.reduce(Op::kSum, b.unary(Op::kSin, b.load(x)), 1));
+  auto k = b.build();
+  std::vector<float> in(100003);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = 0.001f * static_cast<float>(i);
+  float out1 = 0, out2 = 0;
+  int64_t n = static_cast<int64_t>(in.size()), st = 1, ost = 0;
+  Operand ins[1] = {{in.data(), &st}};
+  Operand o1[1] = {{&out1, &ost}};
+  Operand o2[1] = {{&out2, &ost}};
+  execute(*k, &n, 1, ins, o1);
+  runtime::set_parallel_backend(two_threads);
+  execute(*k, &n, 1, ins, o2);
+  runtime::set_parallel_backend(nullptr);
+  EXPECT_EQ(std::memcmp(&out1, &out2, 4), 0) << out1 << " vs " << out2;
+  double ref = 0;
+  for (float v : in) ref += std::sin(v);
+  EXPECT_NEAR(out1, ref, 1e-3 * std::fabs(ref) + 1e-2);
+}
+
 TEST(IrExecute, ConcurrentCallsShareOneKernel) {
   // The plan is built once (first call races with the others); per-thread scratch is separate.
   auto k = chain_kernel(DType::kFloat16);
