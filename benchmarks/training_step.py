@@ -57,6 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-embd", type=int, default=128)
     p.add_argument("--vocab", type=int, default=64)
     p.add_argument("--device", default="neuron", help="device compared against cpu")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads (torch.set_num_threads) in every case; 0: default. "
+                        "1 compares the devices without OpenMP spin-waits, which dominate "
+                        "CPU eager on a busy host")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--same-process", action="store_true",
                    help="run every case in this process (default: a fresh process per repeat)")
@@ -120,6 +124,8 @@ def run_child(argv, case: tuple[str, str]) -> tuple[float, float]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cfg = GPTConfig(vocab_size=args.vocab, block_size=args.seq_len, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd)
     torch.manual_seed(0)
