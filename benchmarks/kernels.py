@@ -88,7 +88,7 @@ def adamw_case(sizes: list[int], fused: bool | None):
         opt = torch.optim.AdamW(params, lr=1e-3, fused=fused)
         return opt.step
     total = sum(sizes)
-    mode = "fused=True" if fused else "default (foreach)"
+    mode = "fused=True" if fused else "default foreach"
     return f"AdamW {mode} {len(sizes)} tensors {total / 1e6:.1f}M", build
 
 
@@ -115,6 +115,7 @@ def cases(quick: bool):
             sdpa_case(4, 8, 512, 64, causal=True, backward=True),
             embedding_backward_case(8 * 512, 50257, 768),
             adamw_case(gpt_param_sizes(512, 8, 8192), fused=True),
+            adamw_case(gpt_param_sizes(512, 8, 8192), fused=None),
         ]
     return out
 

@@ -12,6 +12,7 @@
 #include "kernels/adam.h"
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
+#include "kernels/foreach.h"
 #include "kernels/kernel_util.h"
 #include "kernels/layer_norm.h"
 #include "runtime/parallel.h"
@@ -304,6 +305,50 @@ TEST_P(Kernels, EmbeddingBackwardSumsRowsInOrder) {
   std::vector<int32_t> idx32{0, 1000, -1, -2, 4};
   embedding_backward(DType::F32, g.data(), idx32.data(), true, 5, dim, nw, -1, out.data(), &bad);
   EXPECT_EQ(bad, 2);
+}
+
+}  // namespace
+}  // namespace openneuron::kernels
+
+namespace openneuron::kernels {
+namespace {
+
+TEST_P(Kernels, ForeachOpsMatchScalarMath) {
+  auto a0 = randn(40000, 41), b = randn(40000, 42), c = randn(40000, 43);
+  for (auto& x : c) x = std::fabs(x) + 0.5f;
+  const ForeachOp ops[] = {ForeachOp::MulScalar, ForeachOp::AddScalar, ForeachOp::DivScalar,
+                           ForeachOp::Lerp,      ForeachOp::Addcmul,   ForeachOp::Addcdiv,
+                           ForeachOp::Sqrt};
+  for (ForeachOp op : ops) {
+    std::vector<float> a(a0), out(a0.size());
+    if (op == ForeachOp::Sqrt)
+      for (auto& x : a) x = std::fabs(x);
+    ForeachTensor t[2];
+    for (int i = 0; i < 2; ++i) {  // two tensors: [0, 30000) and [30000, 40000)
+      const int64_t off = i == 0 ? 0 : 30000;
+      t[i].a = a.data() + off;
+      t[i].out = out.data() + off;
+      t[i].b = b.data() + off;
+      t[i].c = c.data() + off;
+      t[i].s = i == 0 ? 0.3f : 0.8f;
+      t[i].numel = i == 0 ? 30000 : 10000;
+    }
+    foreach_apply(op, DType::F32, t, 2);
+    for (int64_t i = 0; i < 40000; i += 7) {
+      const float s = i < 30000 ? 0.3f : 0.8f, x = a[i], y = b[i], z = c[i];
+      float want = 0;
+      switch (op) {
+        case ForeachOp::MulScalar: want = x * s; break;
+        case ForeachOp::AddScalar: want = x + s; break;
+        case ForeachOp::DivScalar: want = x / s; break;
+        case ForeachOp::Lerp: want = s < 0.5f ? x + s * (y - x) : y - (y - x) * (1 - s); break;
+        case ForeachOp::Addcmul: want = x + s * y * z; break;
+        case ForeachOp::Addcdiv: want = x + s * y / z; break;
+        case ForeachOp::Sqrt: want = std::sqrt(x); break;
+      }
+      ASSERT_EQ(out[i], want) << static_cast<int>(op) << " at " << i;  // same float ops
+    }
+  }
 }
 
 }  // namespace

@@ -354,3 +354,62 @@ def test_embedding_backward_empty_and_bad_indices():
     with pytest.raises(RuntimeError, match="out of range"):
         op(torch.ones(2, 4, device=DEV), bad, 5, -1, False)
         torch.neuron.synchronize()
+
+
+# ---- _foreach_* ops (the default foreach Adam/AdamW step) --------------------------------------
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+@pytest.mark.parametrize("kw", [dict(), dict(weight_decay=0.1), dict(amsgrad=True)])
+def test_foreach_adam_matches_cpu(cls, kw):
+    name = "aten::_foreach_addcdiv_.ScalarList"
+    before = native_calls(name)
+    ref = run_adam(cls, "cpu", torch.float32, foreach=True, **kw)
+    got = run_adam(cls, DEV, torch.float32, foreach=True, **kw)
+    for a_list, c_list in zip(got, ref):
+        for a, c in zip(a_list, c_list):
+            torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+    assert native_calls(name) == before + 3  # one per step for the whole list
+
+
+def test_foreach_adamw_bfloat16():
+    ref = run_adam(torch.optim.AdamW, "cpu", torch.bfloat16, foreach=True, lr=1e-2)
+    got = run_adam(torch.optim.AdamW, DEV, torch.bfloat16, foreach=True, lr=1e-2)
+    for a_list, c_list in zip(got, ref):
+        for a, c in zip(a_list, c_list):
+            torch.testing.assert_close(a, c, **TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_foreach_ops_match_cpu(contiguous):
+    torch.manual_seed(0)
+    base = [torch.randn(5, 6), torch.randn(17), torch.rand(3, 4) + 0.5]
+    if not contiguous:
+        base[0] = base[0].t()  # routed to the per-tensor loop
+    others = [torch.rand_like(t) + 0.5 for t in base]
+    scalars = [0.5, -2.0, 3.0]
+
+    def run(device):
+        xs = [t.to(device) for t in base]
+        ys = [t.to(device) for t in others]
+        torch._foreach_mul_(xs, 0.9)
+        torch._foreach_add_(xs, 1e-3)
+        torch._foreach_div_(xs, scalars)
+        torch._foreach_lerp_(xs, ys, 0.1)
+        torch._foreach_lerp_(xs, ys, 0.7)
+        torch._foreach_addcmul_(xs, ys, ys, 0.01)
+        torch._foreach_addcdiv_(xs, ys, [y + 1 for y in ys], scalars)
+        roots = torch._foreach_sqrt([y for y in ys])
+        return [x.cpu() for x in xs] + [r.cpu() for r in roots]
+
+    for a, c in zip(run(DEV), run("cpu")):
+        torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+
+
+def test_foreach_bad_inputs():
+    xs = [torch.ones(3, device=DEV), torch.ones(2, device=DEV)]
+    with pytest.raises(RuntimeError, match="same number of tensors|2 and 1|got"):
+        torch._foreach_lerp_(xs, [torch.ones(3, device=DEV)], 0.5)
+    with pytest.raises(RuntimeError, match="scalars"):
+        torch._foreach_div_(xs, [1.0])
+    with pytest.raises(RuntimeError, match="at least one tensor"):  # as on CPU
+        torch._foreach_mul_([], 2.0)
