@@ -606,6 +606,8 @@ OPENNEURON_IR_INLINE float round_rm(float v) {
 }
 template <int RM>
 OPENNEURON_IR_INLINE bool arith_rounded(const Instr& in, void* const* p, int64_t n) {
+  if (in.op != Op::kAdd && in.op != Op::kSub && in.op != Op::kMul && in.op != Op::kDiv)
+    return false;  // NOTE: before reading p[in.b]: unary ops have b == -1
   const void* a = p[in.a];
   const void* b = p[in.b];
   void* y = p[in.out];
