@@ -13,12 +13,13 @@ ahead of the device as on a GPU). Repeats alternate the cases, so background loa
 is shared fairly; the median repeat is reported. Ratios are neuron / cpu of tokens/s (higher is
 better for neuron). Not a test: nothing asserts on timing.
 
-Each repeat of each case runs in a fresh child process (round robin over the cases), because
-one process holding both breaks the CPU baseline: libgomp shortens its idle workers' spin-wait to
-~100 iterations when it manages more threads than there are CPUs, and the neuron executor's
-OpenMP team (plus the Python thread's) makes it do so, so CPU eager then pays a futex wake-up
-per parallel region as well. A user's CPU run has no neuron executor. `--same-process` runs all
-cases in this process instead (to see that effect).
+Each repeat of each case runs in a fresh child process (round robin over the cases): a user's
+CPU run has no neuron executor, and one in the process can change the CPU baseline. libgomp
+shortens its idle workers' spin-wait to 100 iterations when it manages more threads than there
+are CPUs, which the neuron executor's OpenMP team (next to the Python thread's) makes it do; CPU
+eager then pays a futex wake-up per parallel region too (on a 2-core host CPU eager measured
+~105 ms/step in a process with a neuron executor vs 61-70 ms alone). `--same-process` runs all
+cases in this process instead, to see that effect.
 
 The setting of TORCH_NEURONX_ENABLE_CONCATENATION (adaptive eager) is printed; run the script
 once with it unset and once with it set to 1 to compare.
