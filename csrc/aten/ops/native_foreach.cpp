@@ -1,10 +1,12 @@
 // The _foreach_* ops that torch.optim's default (foreach) Adam/AdamW step uses, for the neuron
 // device: one work item per list (csrc/kernels/foreach.h). Without these, ATen's
 // CompositeExplicitAutograd "slow path" turns each list op into one op per tensor (52 work
-// items for a 52-parameter model). Lists the kernel does not cover (mixed dtypes, non-contiguous
+// items for a 52-parameter model). Results are bitwise equal to CPU's (same float operations;
+// sqrt runs ATen's CPU kernel per tensor inside the one work item). Lists the kernel does not cover (mixed dtypes, non-contiguous
 // or non-float tensors, complex scalars) run that same per-tensor loop here.
 #include <torch/library.h>
 
+#include <stdexcept>
 #include <vector>
 
 #include "aten/ops/native_kernels.h"
@@ -102,8 +104,16 @@ void add_scalar_(at::TensorList self, const at::Scalar& s) {
     for (const auto& t : self) const_cast<at::Tensor&>(t).add_(s);
     return;
   }
-  launch(ForeachOp::AddScalar, self, self, {}, {},
-         {static_cast<float>(s.toDouble())});
+  // NOTE: ATen's CPU add_(Scalar) rounds the scalar to a bf16/fp16 tensor's dtype first (mul,
+  // div, lerp, addcmul, addcdiv use it as float): same here, so results stay bitwise.
+  const float v = static_cast<float>(s.toDouble());
+  float rounded = v;
+  if (self[0].scalar_type() == c10::ScalarType::BFloat16) {
+    rounded = static_cast<float>(c10::BFloat16(v));
+  } else if (self[0].scalar_type() == c10::ScalarType::Half) {
+    rounded = static_cast<float>(c10::Half(v));
+  }
+  launch(ForeachOp::AddScalar, self, self, {}, {}, {rounded});
 }
 
 void div_scalarlist_(at::TensorList self, at::ArrayRef<at::Scalar> scalars) {
@@ -158,6 +168,9 @@ void addcdiv_scalarlist_(at::TensorList self, at::TensorList t1, at::TensorList 
   launch(ForeachOp::Addcdiv, self, self, t1, t2, to_floats(scalars));
 }
 
+// NOTE: sqrt runs ATen's own CPU sqrt per tensor inside the one work item: ATen's vectorized
+// sqrt (Sleef, 0.5 ulp) is not always the correctly rounded std::sqrt, and the optimizer's
+// results must stay bitwise equal to CPU's.
 std::vector<at::Tensor> sqrt_(at::TensorList self) {
   std::vector<at::Tensor> out;
   out.reserve(self.size());
@@ -165,8 +178,27 @@ std::vector<at::Tensor> sqrt_(at::TensorList self) {
     for (const auto& t : self) out.push_back(at::sqrt(t));
     return out;
   }
-  for (const auto& t : self) out.push_back(empty_on(t.sizes(), t.scalar_type(), t.device()));
-  launch(ForeachOp::Sqrt, self, out, {}, {}, {0.0f});
+  struct View {
+    DeviceBuffer in, out;
+    TensorGeom in_geom, out_geom;
+  };
+  std::vector<View> views;
+  views.reserve(self.size());
+  for (const auto& t : self) {
+    out.push_back(empty_on(t.sizes(), t.scalar_type(), t.device()));
+    views.push_back({buffer_of(t), buffer_of(out.back()), geom_of(t), geom_of(out.back())});
+  }
+  enqueue_native(info_of(ForeachOp::Sqrt), self[0].device(), [views = std::move(views)] {
+    try {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      for (const View& v : views) {
+        at::Tensor o = host_view_fresh(v.out, v.out_geom);
+        at::sqrt_out(o, host_view_fresh(v.in, v.in_geom));
+      }
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
+    }
+  });
   return out;
 }
 
