@@ -7,9 +7,12 @@
 #    sizes, strides and storage offsets): as recorded (the real low-precision calls) and, for the
 #    fp32 calls, with every floating tensor cast to bfloat16 and to float16. Neuron runs ATen's
 #    CPU kernels on device memory, so results must be bitwise equal (NaNs equal); where CPU
-#    raises, neuron must raise the same error type.
+#    raises, neuron must raise the same error type. Ops with a native neuron kernel must be
+#    about as accurate as CPU (against float64) and bitwise equal with native kernels off.
 # 2. Whole steps: loss, gradients and parameters after 3 AdamW steps on neuron against the same
-#    3 steps on CPU (same weights, batches, optimizer implementation), within stated tolerances.
+#    3 steps on CPU (same weights, batches, optimizer implementation): bitwise with every op on
+#    ATen's kernels, within stated tolerances with native kernels, SDPA and autocast.
+# 3. Regressions: layer norm and batch norm statistics dtype in bf16/fp16.
 import contextlib
 import copy
 import functools
@@ -204,7 +207,7 @@ def recorded_calls() -> dict[str, list[Call]]:
             for impl, use_sdpa in RECORDED_VARIANTS:
                 rec = Recorder(mode)
                 try:
-                    run_steps(device, mode, 2, impl, use_sdpa, recorder=rec)
+                    run_steps(device, mode, 1, impl, use_sdpa, recorder=rec)
                     if device.type == "neuron":
                         torch.neuron.synchronize()
                 except Exception as e:  # noqa: BLE001 - reported by test_recording_runs_cleanly
