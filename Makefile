@@ -1,11 +1,11 @@
-# The project's vocabulary (README.md lists these): make, make test, make demo, make bench,
-# make lint, make asan, make tsan. Every target sets itself up first (scripts/setup.sh).
+# The project's vocabulary (README.md lists these): make, make test, make demo, make finetune,
+# make bench[-training|-kernels|-fusion], make lint, make asan, make tsan. Every target sets itself up first (scripts/setup.sh).
 PY := .venv/bin/python
 BUILD := build
 # NOTE: one build at a time in a build folder (several shells may run make at once).
 LOCKED := flock $(BUILD)/.lock
 
-.PHONY: all setup build test test-cpp test-python demo bench lint asan tsan clean
+.PHONY: all setup build test test-cpp test-python demo finetune bench bench-training bench-kernels bench-fusion lint asan tsan clean
 
 all: build
 
@@ -28,8 +28,20 @@ test-python: build
 demo: build
 	$(PY) examples/03_train_gpt.py
 
+finetune: build
+	$(PY) examples/04_finetune_hf.py
+
 bench: build
 	$(PY) benchmarks/eager_overhead.py
+
+bench-training: build
+	$(PY) benchmarks/training_step.py
+
+bench-kernels: build
+	$(PY) benchmarks/kernels.py
+
+bench-fusion: build
+	$(PY) benchmarks/fusion.py
 
 lint: setup
 	@command -v clang-format >/dev/null || (echo "lint: apt-get install clang-format" && exit 1)
