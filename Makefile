@@ -1,5 +1,6 @@
 # The project's vocabulary (README.md lists these): make, make test, make demo, make finetune,
-# make bench[-training|-kernels|-fusion], make lint, make asan, make tsan. Every target sets itself up first (scripts/setup.sh).
+# make bench[-training|-kernels|-fusion], make lint, make asan, make tsan. Every target sets
+# itself up first (scripts/setup.sh).
 PY := .venv/bin/python
 BUILD := build
 # NOTE: one build at a time in a build folder (several shells may run make at once).
