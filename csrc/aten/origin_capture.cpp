@@ -7,6 +7,16 @@
 
 #include <Python.h>
 #include <frameobject.h>
+// NOTE: CPython 3.11's interpreter-frame layout, for the GIL-free origin lookup below (the
+// same use greenlet and py-spy make of it). Other versions take the GIL path only.
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define OPENNEURON_FAST_ORIGIN 1
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#else
+#define OPENNEURON_FAST_ORIGIN 0
+#endif
 
 #include <algorithm>
 #include <cstdlib>
@@ -46,6 +56,28 @@ Table& table() {
   return *t;
 }
 
+// Per-thread, direct-mapped copies of the table's answers for code objects the table pins (a
+// pinned code object is never freed, so its address can never name another one): with them,
+// the common case (the same few user lines issuing ops) needs neither the GIL nor t.mu.
+constexpr size_t kFastSlots = 256;
+struct FastCode {
+  const void* code = nullptr;
+  bool internal = false;
+};
+struct FastId {
+  const void* code = nullptr;
+  int lasti = 0;
+  uint32_t id = 0;
+};
+thread_local FastCode tl_codes[kFastSlots];
+thread_local FastId tl_ids[kFastSlots];
+
+size_t fast_slot(const void* code, int lasti) {
+  auto h = reinterpret_cast<uintptr_t>(code) >> 4;
+  h ^= static_cast<uintptr_t>(lasti) * 0x9E3779B1u;
+  return (h ^ (h >> 8)) & (kFastSlots - 1);
+}
+
 bool enabled() {
   static const bool on = [] {
     const char* v = std::getenv("OPENNEURON_ORIGIN");
@@ -71,11 +103,15 @@ bool is_internal_file(const std::string& f) {
 // Caller holds the GIL and t.mu. Takes a reference to code when it is cached.
 bool code_is_internal(Table& t, PyCodeObject* code) {
   auto it = t.internal.find(code);
-  if (it != t.internal.end()) return it->second;
+  if (it != t.internal.end()) {
+    tl_codes[fast_slot(code, 0)] = {code, it->second};  // pinned: it is in t.internal
+    return it->second;
+  }
   bool internal = is_internal_file(utf8(code->co_filename));
   if (t.internal.size() < kMaxCodes) {
     Py_INCREF(code);
     t.internal.emplace(code, internal);
+    tl_codes[fast_slot(code, 0)] = {code, internal};  // pinned just now
   }
   return internal;
 }
@@ -83,7 +119,10 @@ bool code_is_internal(Table& t, PyCodeObject* code) {
 uint32_t intern(Table& t, PyFrameObject* frame, PyCodeObject* code) {
   auto key = std::make_pair(static_cast<const void*>(code), PyFrame_GetLasti(frame));
   auto it = t.ids.find(key);
-  if (it != t.ids.end()) return it->second;
+  if (it != t.ids.end()) {
+    tl_ids[fast_slot(code, key.second)] = {code, key.second, it->second};  // pinned by intern
+    return it->second;
+  }
   if (t.texts.size() >= kMaxOrigins) return 0;
   const int line = PyFrame_GetLineNumber(frame);
   std::string file = utf8(code->co_filename);
@@ -94,6 +133,7 @@ uint32_t intern(Table& t, PyFrameObject* frame, PyCodeObject* code) {
   uint32_t id = static_cast<uint32_t>(t.texts.size());
   t.texts.push_back(std::move(text));
   t.ids.emplace(key, id);
+  tl_ids[fast_slot(code, key.second)] = {code, key.second, id};
   return id;
 }
 
@@ -120,6 +160,38 @@ uint32_t capture_locked() {
   Py_XDECREF(frame);
   return id;
 }
+
+#if OPENNEURON_FAST_ORIGIN
+// capture_locked() without the GIL, from this thread's caches only. NOTE: tstate is this
+// thread's own state: its frame stack changes only while this thread runs Python code, which it
+// cannot do while it is in here, and every frame on it keeps its code object alive. Returns
+// false (nothing decided) on any cache miss; the caller then takes the GIL path, which fills
+// the caches. Mirrors capture_locked: PyEval_GetFrame and PyFrame_GetBack skip incomplete
+// frames, and PyFrame_GetLasti is the code-unit index times sizeof(_Py_CODEUNIT), or -1.
+bool capture_fast(PyThreadState* tstate, uint32_t* id) {
+  if (tstate == nullptr || tstate->cframe == nullptr) return false;
+  _PyInterpreterFrame* f = tstate->cframe->current_frame;
+  for (int i = 0; i < kMaxFrames; ++i) {
+    while (f != nullptr && _PyFrame_IsIncomplete(f)) f = f->previous;
+    if (f == nullptr) break;
+    PyCodeObject* code = f->f_code;
+    const FastCode& c = tl_codes[fast_slot(code, 0)];
+    if (c.code != code) return false;
+    if (c.internal) {
+      f = f->previous;
+      continue;
+    }
+    const int units = _PyInterpreterFrame_LASTI(f);
+    const int lasti = units < 0 ? -1 : units * static_cast<int>(sizeof(_Py_CODEUNIT));
+    const FastId& e = tl_ids[fast_slot(code, lasti)];
+    if (e.code != code || e.lasti != lasti) return false;
+    *id = e.id;
+    return true;
+  }
+  *id = 0;  // no frame, or kMaxFrames internal ones: what capture_locked returns
+  return true;
+}
+#endif
 
 // Allocation stacks. NOTE: a key is the (code object, instruction offset) of each frame; every
 // code object in a key is pinned (one reference, at most kMaxPinnedCodes of them) so a key can
@@ -251,7 +323,16 @@ uint64_t with_gil(F f) {
 
 uint32_t origin_capture() {
   if (!enabled() || !Py_IsInitialized()) return 0;
-  if (PyGILState_Check()) return capture_locked();
+  const bool has_gil = PyGILState_Check();
+#if OPENNEURON_FAST_ORIGIN
+  {
+    // NOTE: with the GIL held the current thread state is the one PyEval_GetFrame reads.
+    PyThreadState* ts = has_gil ? PyThreadState_Get() : PyGILState_GetThisThreadState();
+    uint32_t id = 0;
+    if (capture_fast(ts, &id)) return id;
+  }
+#endif
+  if (has_gil) return capture_locked();
   // NOTE: PyTorch's bindings release the GIL before dispatch; this thread's frames cannot
   // change meanwhile, so re-taking the GIL briefly reads the user's line.
   if (PyGILState_GetThisThreadState() == nullptr) return 0;
