@@ -216,7 +216,9 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
                c10::Device device, const MetaResult& meta) {
   const size_t n = info.num_args;
   c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - n, n);
-  const c10::DeviceGuard guard(device);
+  // As c10::DeviceGuard(device), without its virtual calls when device is already current.
+  c10::OptionalDeviceGuard guard;
+  if (device.index() != runtime::device_current()) guard.reset_device(device);
   int64_t numel = 0;
   for (const auto& [i, geoms] : meta.writes) {
     const c10::IValue& v = args[i];

@@ -17,6 +17,7 @@
 #include "aten/ops/host_views.h"
 #include "aten/ops/op_table.h"
 #include "aten/origin_capture.h"
+#include "runtime/device.h"
 #include "runtime/stream.h"
 
 namespace openneuron::aten {
@@ -39,6 +40,13 @@ at::Tensor flat_cpu(const Flat& f, int64_t numel, c10::ScalarType dtype) {
   g.offset = f.offset;
   g.dtype = dtype;
   return host_view_fresh(f.buffer, g);
+}
+
+// Makes `device` current for the guard's lifetime, as c10::DeviceGuard does, but costs one
+// thread-local read when it already is (the common case: the guard's two virtual calls and
+// device check were a measurable part of a small op).
+void make_current(c10::OptionalDeviceGuard& guard, c10::Device device) {
+  if (device.index() != runtime::device_current()) guard.reset_device(device);
 }
 
 bool is_cpu_scalar(const at::Tensor& t) { return t.device().is_cpu() && t.dim() == 0; }
@@ -137,7 +145,8 @@ at::Tensor binary(const at::Tensor& self, const at::Tensor& other, const c10::Sc
   }
   OpInfo& info = info_of<kKind>(false);
   info.native_calls.fetch_add(1, std::memory_order_relaxed);
-  const c10::DeviceGuard guard(self.device());
+  c10::OptionalDeviceGuard guard;
+  make_current(guard, self.device());
   TensorGeom g = geom_of(self);
   g.offset = 0;
   if (fusion::enabled()) fusion::release_dead();  // dead pending results free their blocks
@@ -166,7 +175,8 @@ at::Tensor& binary_(at::Tensor& self, const at::Tensor& other, const c10::Scalar
   }
   OpInfo& info = info_of<kKind>(true);
   info.native_calls.fetch_add(1, std::memory_order_relaxed);
-  const c10::DeviceGuard guard(self.device());
+  c10::OptionalDeviceGuard guard;
+  make_current(guard, self.device());
   // Adaptive eager: in-place on a pending result is recorded too.
   if (fusion::enabled() && fusion::try_record_binary(kFusionFn[static_cast<int>(kKind)], info.name,
                                                      self, self, other, alpha))
@@ -218,7 +228,8 @@ at::Tensor& fill_impl(at::Tensor& self, const c10::Scalar& value, OpInfo& info,
       throw std::runtime_error(e.what_without_backtrace());
     }
   };
-  const c10::DeviceGuard guard(self.device());
+  c10::OptionalDeviceGuard guard;
+  make_current(guard, self.device());
   with_torch_errors(
       [&] { runtime::stream_current(self.device().index()).enqueue(std::move(work)); });
   return self;
