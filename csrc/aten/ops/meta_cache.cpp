@@ -187,12 +187,15 @@ std::shared_ptr<const MetaResult> compute(const c10::OperatorHandle& op, OpInfo&
 
 std::shared_ptr<const MetaResult> meta_result(const c10::OperatorHandle& op, OpInfo& info,
                                               c10::ArrayRef<c10::IValue> args) {
-  Key key;
-  key.reserve(64);
-  key.push_back(reinterpret_cast<int64_t>(&info));
+  // NOTE: the key is built in a per-thread scratch vector that keeps its capacity (a cache hit,
+  // the common case, then allocates nothing); a miss copies it out before running the meta
+  // kernel, so nothing depends on the scratch afterwards.
+  thread_local Key scratch;
+  scratch.clear();
+  scratch.push_back(reinterpret_cast<int64_t>(&info));
   bool cacheable = true;
   for (const auto& a : args) {
-    if (!encode(a, key)) {
+    if (!encode(a, scratch)) {
       cacheable = false;
       break;
     }
@@ -200,9 +203,10 @@ std::shared_ptr<const MetaResult> meta_result(const c10::OperatorHandle& op, OpI
   Cache& c = cache();
   if (cacheable) {
     std::lock_guard<std::mutex> lock(c.mu);
-    auto it = c.map.find(key);
+    auto it = c.map.find(scratch);
     if (it != c.map.end()) return it->second;
   }
+  Key key = cacheable ? scratch : Key();
   auto result = compute(op, info, args);
   if (cacheable) {
     std::lock_guard<std::mutex> lock(c.mu);
