@@ -1175,6 +1175,57 @@ TEST(IrExecute, InPlaceExactAliasing) {
   for (size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], 2.f * i + 1) << i;
 }
 
+TEST(IrExecute, ValueStoredToSeveralOutputsAndReusedAfterStore) {
+  // v = x * 2 stored to out0 and out1, w = v + x (uses v after its store) to out2, tanh(w) (a
+  // hooked op) to out3; contiguous, gapped (out1), row-tiled (300 x 7) and in-place (out0 over
+  // x) layouts.
+  set_float_math(Op::kTanh, &fake_tanh);
+  KernelBuilder b;
+  int x = b.add_input(DType::kFloat32);
+  ValueId lx = b.load(x);
+  ValueId v = b.binary(Op::kMul, lx, b.constant(2.0, DType::kFloat32));
+  ValueId w = b.binary(Op::kAdd, v, lx);
+  b.store(b.add_output(DType::kFloat32), v);
+  b.store(b.add_output(DType::kFloat32), v);
+  b.store(b.add_output(DType::kFloat32), w);
+  b.store(b.add_output(DType::kFloat32), b.unary(Op::kTanh, w));
+  auto k = b.build();
+  for (std::vector<int64_t> sizes : {std::vector<int64_t>{3001}, std::vector<int64_t>{300, 7},
+                                     std::vector<int64_t>{5, 2049}}) {
+    int64_t n = 1;
+    for (int64_t s : sizes) n *= s;
+    std::vector<int64_t> st(sizes.size()), gap(sizes.size());
+    int64_t a = 1;
+    for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
+      st[d] = a;
+      gap[d] = 2 * a;
+      a *= sizes[d];
+    }
+    for (bool in_place : {false, true}) {
+      std::vector<float> xs(n), o0(n), o1(2 * n), o2(n), o3(n);
+      for (int64_t i = 0; i < n; ++i) xs[i] = static_cast<float>(i % 97) * 0.25f - 7.f;
+      std::vector<float> x0 = xs;
+      Operand in[1] = {{xs.data(), st.data()}};
+      Operand out[4] = {{in_place ? xs.data() : o0.data(), st.data()},
+                        {o1.data(), gap.data()},
+                        {o2.data(), st.data()},
+                        {o3.data(), st.data()}};
+      execute(*k, sizes.data(), static_cast<int>(sizes.size()), in, out);
+      const std::vector<float>& r0 = in_place ? xs : o0;
+      for (int64_t i = 0; i < n; ++i) {
+        float ev = x0[i] * 2.f, ew = ev + x0[i];
+        ASSERT_EQ(r0[i], ev) << i;
+        ASSERT_EQ(o1[2 * i], ev) << i;
+        ASSERT_EQ(o2[i], ew) << i;
+        float et;
+        fake_tanh(&ew, &et, 1);
+        ASSERT_EQ(o3[i], et) << i;
+      }
+    }
+  }
+  set_float_math(Op::kTanh, nullptr);
+}
+
 // Random kernels over random shapes and layouts (permuted, broadcast, reversed, gapped).
 std::vector<int64_t> random_strides(const std::vector<int64_t>& sizes, std::mt19937& rng,
                                     bool allow_broadcast) {
