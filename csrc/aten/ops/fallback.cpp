@@ -9,6 +9,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <cstring>
+
 #include "aten/errors.h"
 #include "aten/fusion/fusion.h"
 #include "aten/generator.h"
@@ -119,13 +121,33 @@ struct Launch {
     host_view_fresh(w.buffer, w.geom).copy_(view);
   }
 
+  // t.copy_(r) for the common small case (same non-quantized dtype, both contiguous, no conj/neg
+  // bit, no overlap, fewer elements than ATen's grain size, where copy_ runs serially anyway): one
+  // memcpy instead of a dispatch and a TensorIterator, the same bytes. False: not handled.
+  static bool copy_small_dense(const at::Tensor& t, const at::Tensor& r) {
+    if (t.scalar_type() != r.scalar_type() || at::isQIntType(t.scalar_type()) ||
+        t.layout() != c10::kStrided ||
+        r.layout() != c10::kStrided || !t.device().is_cpu() || !r.device().is_cpu() ||
+        t.numel() >= at::internal::GRAIN_SIZE || !t.is_contiguous() || !r.is_contiguous() ||
+        t.is_conj() || r.is_conj() || t.is_neg() || r.is_neg()) {
+      return false;
+    }
+    const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+    if (nbytes == 0) return true;
+    const auto* src = static_cast<const char*>(r.const_data_ptr());
+    auto* dst = static_cast<char*>(t.data_ptr());
+    if (dst < src + nbytes && src < dst + nbytes) return false;  // overlap: copy_ decides
+    std::memcpy(dst, src, nbytes);
+    return true;
+  }
+
   static void copy_result(const c10::IValue& target, const c10::IValue& result) {
     if (target.isTensor() && target.toTensor().defined()) {
       const at::Tensor& t = target.toTensor();
       const at::Tensor& r = result.toTensor();
       TORCH_CHECK(t.sizes().equals(r.sizes()), "the CPU kernel produced an output of shape ",
                   r.sizes(), " but the meta kernel predicted ", t.sizes());
-      t.copy_(r);
+      if (!copy_small_dense(t, r)) t.copy_(r);
     } else if (target.isList() && result.isList()) {
       auto t = target.toListRef();
       auto s = result.toListRef();
