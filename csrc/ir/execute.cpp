@@ -1202,7 +1202,7 @@ struct Runner {
   char* slots_red;
   char* acc;    // nred * kSlotBytes: mode B accumulators / reduced values
   char* lanes;  // nred * kLanes * 8
-  void** ptr;  // per value: its chunk (a slot, input memory, or output memory)
+  void** ptr;   // per value: its chunk (a slot, input memory, or output memory)
 
   // max_tile: the most elements any tile of this call has (constants are filled that far).
   Runner(const Kernel& kk, const Plan& pl, const Space& s, Scratch& scratch, int64_t max_tile)

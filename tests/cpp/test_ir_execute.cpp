@@ -1190,8 +1190,8 @@ TEST(IrExecute, ValueStoredToSeveralOutputsAndReusedAfterStore) {
   b.store(b.add_output(DType::kFloat32), w);
   b.store(b.add_output(DType::kFloat32), b.unary(Op::kTanh, w));
   auto k = b.build();
-  for (std::vector<int64_t> sizes : {std::vector<int64_t>{3001}, std::vector<int64_t>{300, 7},
-                                     std::vector<int64_t>{5, 2049}}) {
+  for (std::vector<int64_t> sizes :
+       {std::vector<int64_t>{3001}, std::vector<int64_t>{300, 7}, std::vector<int64_t>{5, 2049}}) {
     int64_t n = 1;
     for (int64_t s : sizes) n *= s;
     std::vector<int64_t> st(sizes.size()), gap(sizes.size());
