@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 
 #include "aten/bindings.h"
+#include "aten/omp_parallel.h"
 #include "runtime/parallel.h"
 #include "runtime/software_core.h"
 
@@ -15,11 +16,8 @@ PYBIND11_MODULE(_C, m) {
   // NOTE: work items run ATen CPU kernels on executor threads; they must use ATen's shared
   // intra-op pool with the process's settings, not a pool of their own.
   openneuron::runtime::executor_set_thread_init([] { at::init_num_threads(); });
-  openneuron::runtime::set_parallel_backend(
-      [](int64_t begin, int64_t end, int64_t grain, openneuron::runtime::ParallelBody body,
-         void* ctx) {
-        at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { body(ctx, b, e); });
-      });
+  // NOTE: not at::parallel_for: compiled here (no -fopenmp) it never goes parallel.
+  openneuron::runtime::set_parallel_backend(&aten::omp_parallel_for);
   aten::bind_device(m);
   aten::bind_streams(m);
   aten::bind_memory(m);

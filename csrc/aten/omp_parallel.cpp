@@ -1,0 +1,61 @@
+// runtime::parallel_for's backend: ATen's OpenMP intra-op pool, entered directly.
+// NOTE: at::parallel_for is header-only for the OpenMP backend and parallelizes only in
+// translation units compiled with -fopenmp (ATen/ParallelOpenMP.h: INTRA_OP_PARALLEL needs
+// _OPENMP). The extension is not (and must not link a second libgomp), so at::parallel_for
+// called from here ran every fused kernel / IR loop on the executor thread alone. This calls
+// the entry point `#pragma omp parallel` compiles to (GOMP_parallel, from the libgomp torch
+// loads) with the same chunking as ATen's invoke_parallel.
+#include "aten/omp_parallel.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/ParallelGuard.h>
+
+#include <algorithm>
+
+extern "C" {
+void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
+int omp_get_num_threads();
+int omp_get_thread_num();
+int omp_in_parallel();
+}
+
+namespace openneuron::aten {
+namespace {
+
+struct Job {
+  int64_t begin, end, grain;
+  runtime::ParallelBody body;
+  void* ctx;
+};
+
+int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+void run_team_member(void* p) {
+  const Job& j = *static_cast<const Job*>(p);
+  int64_t n = j.end - j.begin;
+  int64_t nt = omp_get_num_threads();
+  if (j.grain > 0) nt = std::min(nt, div_up(n, j.grain));
+  int64_t tid = omp_get_thread_num();
+  int64_t chunk = div_up(n, nt);
+  int64_t b = j.begin + tid * chunk;
+  if (tid >= nt || b >= j.end) return;
+  c10::ParallelGuard guard(true);  // as at::parallel_for: nested ATen loops run serially
+  j.body(j.ctx, b, std::min(j.end, b + chunk));
+}
+
+}  // namespace
+
+void omp_parallel_for(int64_t begin, int64_t end, int64_t grain, runtime::ParallelBody body,
+                      void* ctx) {
+  if (begin >= end) return;
+  if (end - begin <= std::max<int64_t>(grain, 1) || omp_in_parallel() || at::in_parallel_region() ||
+      at::get_num_threads() <= 1) {
+    c10::ParallelGuard guard(true);
+    body(ctx, begin, end);
+    return;
+  }
+  Job j{begin, end, grain, body, ctx};
+  GOMP_parallel(&run_team_member, &j, 0, 0);  // 0: the thread's OpenMP team size
+}
+
+}  // namespace openneuron::aten
