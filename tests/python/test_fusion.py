@@ -1,5 +1,5 @@
 # Adaptive eager (TORCH_NEURONX_ENABLE_CONCATENATION=1 / torch.neuron.set_fusion_enabled): fused
-# runs must be BITWISE identical to plain eager on the same device (which test_ops.py checks
+# runs must be BITWISE identical to plain eager on the same device (which test_opinfo.py checks
 # against CPU): a GPT training step (fp32 and bf16 autocast, outputs, gradients and AdamW
 # updates), every fusible op per dtype, random op chains (hypothesis), plus the machinery:
 # dead intermediates, kernel cache, each boundary kind (log reasons), stats, log, threads.
@@ -165,7 +165,7 @@ BINARY_DTYPES = [
     (torch.float16, torch.float16), (torch.bfloat16, torch.float32), (torch.int64, torch.int64),
     (torch.int64, torch.float32), (torch.bool, torch.int64),
 ]
-# eager rejects bool subtraction (test_ops.py checks the error); every other pair runs
+# eager rejects bool subtraction (test_opinfo.py checks the error); every other pair runs
 BINARY_CASES = [(n, d) for n in sorted(BINARY) for d in BINARY_DTYPES
                 if not (n == "sub" and torch.bool in d)]
 

@@ -1,7 +1,7 @@
 # Training end to end: the small GPT of examples/gpt.py trained on "cpu" and "neuron" from the same
 # weights and batches (step-by-step loss agreement), dropout reproducibility under manual_seed,
 # memory returning to baseline after a loop, and the main job script (examples/03_train_gpt.py).
-# Single-op numerics live in test_ops.py, autograd in test_autograd.py, allocator in test_memory.py.
+# Single-op numerics live in test_opinfo.py, autograd in test_autograd.py, allocator in test_memory.py.
 import copy
 import gc
 import subprocess
