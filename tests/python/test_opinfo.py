@@ -148,7 +148,7 @@ class _Summary:
         self.counts = {}
 
     def pytest_runtest_logreport(self, report):
-        if "test_ops.py::test_compare_cpu" not in report.nodeid or report.when != "call":
+        if "test_opinfo.py::test_compare_cpu" not in report.nodeid or report.when != "call":
             return
         dtype = report.nodeid.rsplit("-", 1)[-1].rstrip("]")
         c = self.counts.setdefault(dtype, {"passed": 0, "xfailed": 0, "failed": 0})
