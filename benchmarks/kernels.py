@@ -120,6 +120,27 @@ def cases(quick: bool):
     return out
 
 
+
+# ---- norms (rms_norm; /work/notes/norms.md): extra rows in both --quick and full runs ----------
+def rms_norm_case(rows: int, n: int, backward: bool):
+    def build(device, dtype):
+        x = torch.randn(rows, n, device=device, dtype=dtype, requires_grad=backward)
+        w = torch.randn(n, device=device, dtype=dtype, requires_grad=backward)
+        g = torch.randn(rows, n, device=device, dtype=dtype)
+        if not backward:
+            return lambda: F.rms_norm(x, (n,), w)
+        return lambda: torch.autograd.grad(F.rms_norm(x, (n,), w), (x, w), g)
+    return f"rms_norm {'fwd+bwd' if backward else 'fwd'} [{rows}, {n}]", build
+
+
+_cases_without_norms = cases
+
+
+def cases(quick: bool):  # noqa: F811  (the list above plus the norms rows)
+    return _cases_without_norms(quick) + [rms_norm_case(8 * 128, 256, backward=False),
+                                          rms_norm_case(8 * 128, 256, backward=True)]
+# ---- end norms ----------------------------------------------------------------------------------
+
 Variant = tuple[Callable[[], object], torch.device, Callable[[], None]]  # fn, device, setup
 
 

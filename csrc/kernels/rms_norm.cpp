@@ -1,0 +1,136 @@
+#include "kernels/rms_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "runtime/parallel.h"
+
+namespace openneuron::kernels {
+namespace {
+
+template <class D>
+OPENNEURON_INLINE void to_float(const void* src, int64_t offset, int64_t n, float* dst) {
+  const typename D::T* s = static_cast<const typename D::T*>(src) + offset;
+  for (int64_t j = 0; j < n; ++j) dst[j] = D::load(s[j]);
+}
+
+template <class D>
+OPENNEURON_INLINE void from_float(const float* src, void* dst, int64_t offset, int64_t n) {
+  typename D::T* d = static_cast<typename D::T*>(dst) + offset;
+  for (int64_t j = 0; j < n; ++j) d[j] = D::store(src[j]);
+}
+
+OPENNEURON_INLINE void load_row(DType d, const void* src, int64_t offset, int64_t n, float* dst) {
+  switch (d) {
+    case DType::F32:
+      to_float<F32>(src, offset, n, dst);
+      break;
+    case DType::BF16:
+      to_float<BF16>(src, offset, n, dst);
+      break;
+    case DType::F16:
+      to_float<F16>(src, offset, n, dst);
+      break;
+  }
+}
+
+OPENNEURON_INLINE void store_row(DType d, const float* src, void* dst, int64_t offset, int64_t n) {
+  switch (d) {
+    case DType::F32:
+      from_float<F32>(src, dst, offset, n);
+      break;
+    case DType::BF16:
+      from_float<BF16>(src, dst, offset, n);
+      break;
+    case DType::F16:
+      from_float<F16>(src, dst, offset, n);
+      break;
+  }
+}
+
+OPENNEURON_KERNEL_TARGETS
+void forward_chunk(RmsNormTypes t, const void* x, const float* w, void* y, float* rstd,
+                   int64_t begin, int64_t end, int64_t n, float eps, float* row) {
+  for (int64_t r = begin; r < end; ++r) {
+    load_row(t.dtype, x, r * n, n, row);
+    const float ms = dot_f32(row, row, n) / static_cast<float>(n);
+    const float rs = 1.0f / std::sqrt(ms + eps);
+    if (rstd) rstd[r] = rs;
+    if (w) {
+      for (int64_t k = 0; k < n; ++k) row[k] = (row[k] * rs) * w[k];
+    } else {
+      for (int64_t k = 0; k < n; ++k) row[k] = row[k] * rs;
+    }
+    store_row(t.dtype, row, y, r * n, n);
+  }
+}
+
+// dx for rows [begin, end) and this block's dweight partial sums (pw may be null).
+OPENNEURON_KERNEL_TARGETS
+void backward_chunk(RmsNormTypes t, const void* dy, const void* x, const float* rstd,
+                    const float* w, void* dx, float* pw, int64_t begin, int64_t end, int64_t n,
+                    float* g, float* xh) {
+  const float inv_n = 1.0f / static_cast<float>(n);
+  for (int64_t r = begin; r < end; ++r) {
+    load_row(t.dtype, dy, r * n, n, g);
+    load_row(t.dtype, x, r * n, n, xh);
+    const float rs = rstd[r];
+    for (int64_t k = 0; k < n; ++k) xh[k] = xh[k] * rs;
+    if (pw)
+      for (int64_t k = 0; k < n; ++k) pw[k] += g[k] * xh[k];
+    if (!dx) continue;
+    if (w)
+      for (int64_t k = 0; k < n; ++k) g[k] = g[k] * w[k];
+    const float c = dot_f32(g, xh, n) * inv_n;
+    for (int64_t k = 0; k < n; ++k) g[k] = rs * (g[k] - xh[k] * c);
+    store_row(t.dtype, g, dx, r * n, n);
+  }
+}
+
+std::vector<float> param_as_float(DType d, const void* p, int64_t n) {
+  std::vector<float> out;
+  if (!p) return out;
+  out.resize(static_cast<size_t>(n));
+  load_row(d, p, 0, n, out.data());
+  return out;
+}
+
+}  // namespace
+
+void rms_norm_forward(RmsNormTypes t, const void* x, const void* weight, void* y, float* rstd,
+                      int64_t rows, int64_t n, float eps) {
+  if (rows <= 0 || n <= 0) return;
+  const std::vector<float> w = param_as_float(t.wdtype, weight, n);
+  runtime::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(n));
+    forward_chunk(t, x, weight ? w.data() : nullptr, y, rstd, begin, end, n, eps, row.data());
+  });
+}
+
+void rms_norm_backward(RmsNormTypes t, const void* dy, const void* x, const float* rstd,
+                       const void* weight, void* dx, void* dweight, int64_t rows, int64_t n) {
+  if (n <= 0) return;
+  const std::vector<float> w = param_as_float(t.wdtype, weight, n);
+  const int64_t block = std::max<int64_t>(row_grain(n), (rows + 255) / 256);
+  const int64_t blocks = rows > 0 ? (rows + block - 1) / block : 0;
+  const bool want_w = dweight != nullptr;
+  std::vector<float> pw(want_w ? static_cast<size_t>(blocks * n) : 0, 0.0f);
+  runtime::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf(static_cast<size_t>(2 * n));
+    for (int64_t bi = b0; bi < b1; ++bi) {
+      const int64_t begin = bi * block, end = std::min(rows, begin + block);
+      backward_chunk(t, dy, x, rstd, weight ? w.data() : nullptr, dx,
+                     want_w ? pw.data() + bi * n : nullptr, begin, end, n, buf.data(),
+                     buf.data() + n);
+    }
+  });
+  if (want_w) {
+    std::vector<float> total(static_cast<size_t>(n), 0.0f);
+    for (int64_t bi = 0; bi < blocks; ++bi)
+      for (int64_t k = 0; k < n; ++k) total[k] += pw[bi * n + k];
+    store_row(t.wdtype, total.data(), dweight, 0, n);
+  }
+}
+
+}  // namespace openneuron::kernels
