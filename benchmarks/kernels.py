@@ -121,7 +121,7 @@ def cases(quick: bool):
 
 
 
-# ---- norms (rms_norm; /work/notes/norms.md): extra rows in both --quick and full runs ----------
+# ---- norms (rms_norm, cross_entropy; /work/notes/norms.md): extra rows in both --quick and full runs ----------
 def rms_norm_case(rows: int, n: int, backward: bool):
     def build(device, dtype):
         x = torch.randn(rows, n, device=device, dtype=dtype, requires_grad=backward)
@@ -133,12 +133,22 @@ def rms_norm_case(rows: int, n: int, backward: bool):
     return f"rms_norm {'fwd+bwd' if backward else 'fwd'} [{rows}, {n}]", build
 
 
+def cross_entropy_case(rows: int, classes: int):
+    def build(device, dtype):
+        x = torch.randn(rows, classes, device=device, dtype=dtype, requires_grad=True)
+        t = torch.randint(0, classes, (rows,), device=device)
+        return lambda: torch.autograd.grad(F.cross_entropy(x, t), (x,))
+    return f"cross_entropy fwd+bwd [{rows}, {classes}]", build
+
+
 _cases_without_norms = cases
 
 
 def cases(quick: bool):  # noqa: F811  (the list above plus the norms rows)
     return _cases_without_norms(quick) + [rms_norm_case(8 * 128, 256, backward=False),
-                                          rms_norm_case(8 * 128, 256, backward=True)]
+                                          rms_norm_case(8 * 128, 256, backward=True),
+                                          cross_entropy_case(512, 256),
+                                          cross_entropy_case(2048, 1000)]
 # ---- end norms ----------------------------------------------------------------------------------
 
 Variant = tuple[Callable[[], object], torch.device, Callable[[], None]]  # fn, device, setup

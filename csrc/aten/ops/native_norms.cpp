@@ -13,8 +13,11 @@
 #include <torch/library.h>
 
 #include <cfloat>
+#include <stdexcept>
+#include <string>
 
 #include "aten/ops/native_kernels.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/rms_norm.h"
 
 namespace openneuron::aten {
@@ -173,11 +176,142 @@ at::Tensor rms_norm_noautograd(const at::Tensor& input, c10::SymIntArrayRef norm
       .first;
 }
 
+// ---- cross-entropy ----------------------------------------------------------------------------
+// aten::cross_entropy_loss is CompositeImplicitAutograd (log_softmax + nll_loss). For the common
+// case (2-D logits, int64 class targets, no class weight, no label smoothing) a custom Function
+// runs one fused forward and one fused backward work item.
+
+using CrossEntropyFn = at::Tensor(const at::Tensor&, const at::Tensor&,
+                                  const std::optional<at::Tensor>&, int64_t, c10::SymInt, double);
+
+at::Tensor cross_entropy_composite(const at::Tensor& self, const at::Tensor& target,
+                                   const std::optional<at::Tensor>& weight, int64_t reduction,
+                                   c10::SymInt ignore_index, double label_smoothing) {
+  static const auto op = find_op("aten::cross_entropy_loss", "").typed<CrossEntropyFn>();
+  return op.redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), self, target, weight, reduction,
+                       std::move(ignore_index), label_smoothing);
+}
+
+// Measured (benchmarks/kernels.py, /work/notes/norms.md): fwd+bwd [2048, 1000] 0.46-0.77x the
+// composite path, but [512, 256] 1.1-1.35x (slower); below this many classes the composite runs.
+constexpr int64_t kCrossEntropyMinClasses = 512;
+
+bool ce_supported(const at::Tensor& self, const at::Tensor& target,
+                  const std::optional<at::Tensor>& weight, int64_t reduction,
+                  const c10::SymInt& ignore_index, double label_smoothing) {
+  return native_kernels_enabled() && kernel_operand(self) && self.is_contiguous() &&
+         self.dim() == 2 && self.size(0) > 0 && self.size(1) >= kCrossEntropyMinClasses &&
+         on_neuron(target) && target.device() == self.device() &&
+         target.scalar_type() == c10::ScalarType::Long && target.dim() == 1 &&
+         target.size(0) == self.size(0) && target.is_contiguous() &&
+         !(weight && weight->defined()) && label_smoothing == 0.0 && reduction >= 0 &&
+         reduction <= 2 && ignore_index.maybe_as_int().has_value();
+}
+
+class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& self,
+                            const at::Tensor& target, int64_t reduction, int64_t ignore_index) {
+    static OpInfo& info = op_info("aten::cross_entropy_loss", "");
+    const int64_t rows = self.size(0), classes = self.size(1);
+    const c10::Device dev = self.device();
+    at::Tensor lse = empty_on({rows}, c10::ScalarType::Float, dev);
+    at::Tensor per_row = empty_on({rows}, c10::ScalarType::Float, dev);
+    at::Tensor out = reduction == 0 ? empty_on({rows}, self.scalar_type(), dev)
+                                    : empty_on({}, self.scalar_type(), dev);
+    const kernels::DType dt = *kernel_dtype(self.scalar_type());
+    const void* x = ptr_of(self);
+    const auto* t = static_cast<const int64_t*>(ptr_of(target));
+    auto* lp = static_cast<float*>(ptr_of(lse));
+    auto* pr = static_cast<float*>(ptr_of(per_row));
+    void* op = ptr_of(out);
+    enqueue_native(info, dev, [=] {
+      const int64_t bad =
+          kernels::cross_entropy_forward(dt, x, t, pr, lp, rows, classes, ignore_index);
+      if (bad > 0) {
+        throw std::runtime_error("cross_entropy: " + std::to_string(bad) +
+                                 " targets are out of range [0, " + std::to_string(classes) +
+                                 ") (the number of classes, logits.size(1))");
+      }
+      if (reduction == 0) {
+        kernels::store_floats(dt, pr, op, rows);
+        return;
+      }
+      float sum = 0.0f;  // fixed order: deterministic
+      int64_t count = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        sum += pr[r];
+        count += t[r] != ignore_index;
+      }
+      const float v = reduction == 1 ? sum / static_cast<float>(count) : sum;
+      kernels::store_floats(dt, &v, op, 1);
+    });
+    ctx->save_for_backward({self, target, lse});
+    ctx->saved_data["reduction"] = reduction;
+    ctx->saved_data["ignore_index"] = ignore_index;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& self = saved[0];
+    const at::Tensor& target = saved[1];
+    const at::Tensor& lse = saved[2];
+    const int64_t reduction = ctx->saved_data["reduction"].toInt();
+    const int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
+    if (!grads[0].defined() || !ctx->needs_input_grad(0)) return {at::Tensor(), {}, {}, {}};
+    if (at::GradMode::is_enabled()) {
+      // Differentiable backward (create_graph=True) in ATen ops.
+      const at::Tensor valid = target.ne(ignore_index);
+      const at::Tensor safe_t = at::where(valid, target, at::zeros_like(target));
+      const at::Tensor p = at::softmax(self.to(at::kFloat), 1);
+      const at::Tensor onehot = at::one_hot(safe_t, self.size(1)).to(at::kFloat);
+      at::Tensor g = grads[0].to(at::kFloat);
+      if (reduction == 1) g = g / valid.sum().to(at::kFloat);
+      g = (reduction == 0 ? g : g.expand({self.size(0)})) * valid.to(at::kFloat);
+      return {((p - onehot) * g.unsqueeze(1)).to(self.scalar_type()), {}, {}, {}};
+    }
+    static OpInfo& info = op_info("aten::_cross_entropy_loss_backward (native)", "");
+    const int64_t rows = self.size(0), classes = self.size(1);
+    const at::Tensor gf = grads[0].contiguous();  // the loss's dtype == the logits' dtype
+    at::Tensor dx = empty_on(self.sizes(), self.scalar_type(), self.device());
+    const kernels::DType dt = *kernel_dtype(self.scalar_type());
+    const void* x = ptr_of(self);
+    const auto* t = static_cast<const int64_t*>(ptr_of(target));
+    const auto* lp = static_cast<const float*>(ptr_of(lse));
+    const void* gp = ptr_of(gf);
+    void* dxp = ptr_of(dx);
+    enqueue_native(info, self.device(), [=] {
+      float mul = 1.0f;
+      if (reduction == 1) {
+        int64_t count = 0;
+        for (int64_t r = 0; r < rows; ++r) count += t[r] != ignore_index;
+        mul = 1.0f / static_cast<float>(count);
+      }
+      kernels::cross_entropy_backward(dt, x, t, lp, gp, reduction == 0 ? 1 : 0, mul, dxp, rows,
+                                      classes, ignore_index);
+    });
+    return {dx, {}, {}, {}};
+  }
+};
+
+at::Tensor cross_entropy_autograd(const at::Tensor& self, const at::Tensor& target,
+                                  const std::optional<at::Tensor>& weight, int64_t reduction,
+                                  c10::SymInt ignore_index, double label_smoothing) {
+  if (!ce_supported(self, target, weight, reduction, ignore_index, label_smoothing)) {
+    return cross_entropy_composite(self, target, weight, reduction, std::move(ignore_index),
+                                   label_smoothing);
+  }
+  return CrossEntropyFunction::apply(self, target, reduction, *ignore_index.maybe_as_int());
+}
+
 }  // namespace
 }  // namespace openneuron::aten
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
   m.impl("rms_norm", TORCH_FN(openneuron::aten::rms_norm_autograd));
+  m.impl("cross_entropy_loss", TORCH_FN(openneuron::aten::cross_entropy_autograd));
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
