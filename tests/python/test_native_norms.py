@@ -194,8 +194,8 @@ def test_bad_shapes_raise_torch_errors():
 
 
 # ---- cross-entropy ---------------------------------------------------------------------------
-# The fused kernel runs for 2-D logits with at least 512 classes (fewer classes measured slower
-# than the composite path and take it; see native_norms.cpp).
+# The fused kernel runs for float32 2-D logits with at least 512 classes (fewer classes and
+# bf16/fp16 measured slower than the composite path and take it; see native_norms.cpp).
 CE_FWD = "aten::cross_entropy_loss"
 CE_BWD = "aten::_cross_entropy_loss_backward (native)"
 
@@ -226,7 +226,9 @@ def test_cross_entropy_forward_backward(dtype, reduction, ignore, shape):
         kw["ignore_index"] = ignore
     f0, b0 = native_calls(CE_FWD), native_calls(CE_BWD)
     (l, dx), (ln, dxn) = ce_both(x, t, **kw)
-    assert native_calls(CE_FWD) == f0 + 1 and native_calls(CE_BWD) == b0 + 1
+    # float32 only: bf16/fp16 measured slower than the composite and take it.
+    n = 1 if dtype == torch.float32 else 0
+    assert native_calls(CE_FWD) == f0 + n and native_calls(CE_BWD) == b0 + n
     assert ln.dtype == l.dtype and ln.shape == l.shape
     close(ln, l, dtype, 4 if reduction != "none" else 1)  # ATen sums rounded rows in bf16/fp16
     close(dxn, dx, dtype)

@@ -179,7 +179,7 @@ at::Tensor rms_norm_noautograd(const at::Tensor& input, c10::SymIntArrayRef norm
 // ---- cross-entropy ----------------------------------------------------------------------------
 // aten::cross_entropy_loss is CompositeImplicitAutograd (log_softmax + nll_loss). For the common
 // case (2-D logits, int64 class targets, no class weight, no label smoothing) a custom Function
-// runs one fused forward and one fused backward work item.
+// runs one fused forward and one fused backward work item (float32 logits, >= 512 classes).
 
 using CrossEntropyFn = at::Tensor(const at::Tensor&, const at::Tensor&,
                                   const std::optional<at::Tensor>&, int64_t, c10::SymInt, double);
@@ -194,16 +194,17 @@ at::Tensor cross_entropy_composite(const at::Tensor& self, const at::Tensor& tar
 
 // Measured (benchmarks/kernels.py, /work/notes/norms.md): fwd+bwd [2048, 1000] 0.46-0.77x the
 // composite path, but [512, 256] 1.1-1.35x (slower); below this many classes the composite runs.
+// bfloat16 [2048, 1000] measured 1.04-1.12x (slower): float32 logits only.
 constexpr int64_t kCrossEntropyMinClasses = 512;
 
 bool ce_supported(const at::Tensor& self, const at::Tensor& target,
                   const std::optional<at::Tensor>& weight, int64_t reduction,
                   const c10::SymInt& ignore_index, double label_smoothing) {
-  return native_kernels_enabled() && kernel_operand(self) && self.is_contiguous() &&
-         self.dim() == 2 && self.size(0) > 0 && self.size(1) >= kCrossEntropyMinClasses &&
-         on_neuron(target) && target.device() == self.device() &&
-         target.scalar_type() == c10::ScalarType::Long && target.dim() == 1 &&
-         target.size(0) == self.size(0) && target.is_contiguous() &&
+  return native_kernels_enabled() && kernel_operand(self) &&
+         self.scalar_type() == c10::ScalarType::Float && self.is_contiguous() && self.dim() == 2 &&
+         self.size(0) > 0 && self.size(1) >= kCrossEntropyMinClasses && on_neuron(target) &&
+         target.device() == self.device() && target.scalar_type() == c10::ScalarType::Long &&
+         target.dim() == 1 && target.size(0) == self.size(0) && target.is_contiguous() &&
          !(weight && weight->defined()) && label_smoothing == 0.0 && reduction >= 0 &&
          reduction <= 2 && ignore_index.maybe_as_int().has_value();
 }
