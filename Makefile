@@ -6,7 +6,7 @@ BUILD := build
 # NOTE: one build at a time in a build folder (several shells may run make at once).
 LOCKED := flock $(BUILD)/.lock
 
-.PHONY: all setup build test test-cpp test-python demo finetune bench bench-training bench-kernels bench-fusion lint asan tsan clean
+.PHONY: all setup build test test-cpp test-python test-fusion demo finetune bench bench-training bench-kernels bench-fusion lint asan tsan clean
 
 all: build
 
@@ -18,13 +18,17 @@ build: setup
 	@[ -f $(BUILD)/build.ninja ] || $(LOCKED) cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(abspath $(PY))
 	@$(LOCKED) cmake --build $(BUILD)
 
-test: test-cpp asan tsan test-python
+test: test-cpp asan tsan test-python test-fusion
 
 test-cpp: build
 	$(BUILD)/runtime_tests --gtest_brief=1
 
 test-python: build
 	$(PY) -m pytest tests/python
+
+# The whole suite again with adaptive eager on (it must change no result).
+test-fusion: build
+	TORCH_NEURONX_ENABLE_CONCATENATION=1 $(PY) -m pytest tests/python -q
 
 demo: build
 	$(PY) examples/03_train_gpt.py
