@@ -1,14 +1,17 @@
 // csrc/kernels/rms_norm against a scalar double reference: forward (with / without weight),
 // backward (dx, dweight, each optional), bf16 / fp16 storage with a float32 weight, and
-// dweight bitwise independent of the thread count. Runs serial and with a 2-thread backend.
+// dweight bitwise independent of the thread count; and the fused cross-entropy kernel vs a
+// double log-softmax reference. Runs serial and with a 2-thread backend.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "kernels/cross_entropy.h"
 #include "kernels/kernel_util.h"
 #include "kernels/rms_norm.h"
 #include "runtime/parallel.h"
@@ -154,6 +157,38 @@ TEST(RmsNormKernelDeterminism, WeightGradIndependentOfThreads) {
   runtime::set_parallel_backend(nullptr);
   EXPECT_EQ(0, std::memcmp(dw1.data(), dw2.data(), n * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(dx1.data(), dx2.data(), dx1.size() * sizeof(float)));
+}
+
+// Fused cross-entropy (kernels/cross_entropy.h) against a double log-softmax reference.
+TEST_P(RmsNormKernel, CrossEntropyForwardBackward) {
+  const int64_t rows = 50, classes = 700, ignore = -100;
+  const auto x = randn(rows * classes, 10, 3.0f);
+  std::vector<int64_t> t(rows);
+  for (int64_t r = 0; r < rows; ++r) t[r] = r % 5 == 0 ? ignore : (r * 37) % classes;
+  const auto gr = randn(rows, 11);
+  std::vector<float> loss(rows), lse(rows), dx(rows * classes);
+  EXPECT_EQ(0, cross_entropy_forward(DType::F32, x.data(), t.data(), loss.data(), lse.data(), rows,
+                                     classes, ignore));
+  cross_entropy_backward(DType::F32, x.data(), t.data(), lse.data(), gr.data(), 1, 0.5f, dx.data(),
+                         rows, classes, ignore);
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -1e300, s = 0;
+    for (int64_t k = 0; k < classes; ++k) m = std::max(m, double(x[r * classes + k]));
+    for (int64_t k = 0; k < classes; ++k) s += std::exp(double(x[r * classes + k]) - m);
+    const double l = m + std::log(s);
+    ASSERT_NEAR(lse[r], l, 1e-5 * (1 + std::fabs(l)));
+    const bool ign = t[r] == ignore;
+    ASSERT_NEAR(loss[r], ign ? 0.0 : l - x[r * classes + t[r]], 1e-4);
+    for (int64_t k = 0; k < classes; ++k) {
+      const double want =
+          ign ? 0.0
+              : (std::exp(double(x[r * classes + k]) - l) - (k == t[r] ? 1.0 : 0.0)) * gr[r] * 0.5;
+      ASSERT_NEAR(dx[r * classes + k], want, 1e-6) << r << "," << k;
+    }
+  }
+  t[3] = classes;  // out of range: counted, not read
+  EXPECT_EQ(1, cross_entropy_forward(DType::F32, x.data(), t.data(), loss.data(), lse.data(), rows,
+                                     classes, ignore));
 }
 
 INSTANTIATE_TEST_SUITE_P(SerialAndParallel, RmsNormKernel, ::testing::Bool());
