@@ -322,7 +322,8 @@ void bind_profiler(py::module_& m) {
   m.def(
       "_profiler_trace_dropped", [] { return trace::dropped(); },
       "Device trace records dropped since the outermost session began (buffer full).");
-  m.def("_profiler_sessions", [] { return trace::sessions(); }, "Active device trace sessions.");
+  m.def(
+      "_profiler_sessions", [] { return trace::sessions(); }, "Active device trace sessions.");
   m.def(
       "_profiler_kineto_registered",
       [] { return torch::profiler::impl::PrivateUse1ProfilerRegistry::instance().hasFactory(); },

@@ -62,14 +62,30 @@ OPENNEURON_INLINE void step_flags(const AdamConfig& c, const Coeffs& k, const Ad
                                   int64_t begin, int64_t end) {
   const int flags = (c.grad_scale ? 4 : 0) | (c.amsgrad ? 2 : 0) | (c.adamw ? 1 : 0);
   switch (flags) {
-    case 0: step_range<D, false, false, false>(k, t, begin, end); break;
-    case 1: step_range<D, false, false, true>(k, t, begin, end); break;
-    case 2: step_range<D, false, true, false>(k, t, begin, end); break;
-    case 3: step_range<D, false, true, true>(k, t, begin, end); break;
-    case 4: step_range<D, true, false, false>(k, t, begin, end); break;
-    case 5: step_range<D, true, false, true>(k, t, begin, end); break;
-    case 6: step_range<D, true, true, false>(k, t, begin, end); break;
-    default: step_range<D, true, true, true>(k, t, begin, end); break;
+    case 0:
+      step_range<D, false, false, false>(k, t, begin, end);
+      break;
+    case 1:
+      step_range<D, false, false, true>(k, t, begin, end);
+      break;
+    case 2:
+      step_range<D, false, true, false>(k, t, begin, end);
+      break;
+    case 3:
+      step_range<D, false, true, true>(k, t, begin, end);
+      break;
+    case 4:
+      step_range<D, true, false, false>(k, t, begin, end);
+      break;
+    case 5:
+      step_range<D, true, false, true>(k, t, begin, end);
+      break;
+    case 6:
+      step_range<D, true, true, false>(k, t, begin, end);
+      break;
+    default:
+      step_range<D, true, true, true>(k, t, begin, end);
+      break;
   }
 }
 

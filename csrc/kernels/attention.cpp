@@ -62,8 +62,7 @@ OPENNEURON_INLINE void gemm_rows(const float* A, int64_t lda, int64_t k, const f
 
 // C[j][0, ncols) += sum_r coef[r][j] * X[r][0, ncols) for j < rows (a rank-kRows update).
 OPENNEURON_INLINE void rank_update(float* C, int64_t ldc, int64_t rows, int64_t ncols,
-                                   const float* coef, int64_t ldcoef, const float* X,
-                                   int64_t ldx) {
+                                   const float* coef, int64_t ldcoef, const float* X, int64_t ldx) {
   for (int64_t eb = 0; eb < ncols; eb += kLanes) {
     VecF x[kRows];
 #pragma GCC unroll 8
@@ -112,8 +111,8 @@ OPENNEURON_INLINE void scores4(const AttentionArgs& a, const float* q4, int64_t 
 // K transposed ([E][ldk], keys [0, n)) and V ([n][ldv]) of (b, h) as floats.
 template <class D>
 OPENNEURON_INLINE void load_kv(const AttentionArgs& a, const void* k, const void* v, int64_t b,
-                               int64_t h, int64_t n, float* kt, int64_t ldk, float* vf,
-                               int64_t ldv, float* tmp) {
+                               int64_t h, int64_t n, float* kt, int64_t ldk, float* vf, int64_t ldv,
+                               float* tmp) {
   for (int64_t j = 0; j < n; ++j) {
     load_vec<D>(k, off(a.k, b, h, j), a.E, tmp);
     for (int64_t e = 0; e < a.E; ++e) kt[e * ldk + j] = tmp[e];
@@ -148,12 +147,12 @@ OPENNEURON_INLINE void forward_task(const AttentionArgs& a, const FwdLayout& l, 
   const int64_t bh = task / blocks, blk = task % blocks;
   const int64_t b = bh / a.H, h = bh % a.H;
   const int64_t i0 = blk * kQueryBlock, i1 = std::min(a.L, i0 + kQueryBlock);
-  float* kt = buf;                   // [E][ldk]
-  float* vf = kt + a.E * l.ldk;      // [S][ldv]
-  float* q4 = vf + a.S * l.ldv;      // [kRows][ldq]
-  float* s4 = q4 + kRows * l.ldq;    // [kRows][ldk]
-  float* o4 = s4 + kRows * l.ldk;    // [kRows][ldv]
-  float* tmp = o4 + kRows * l.ldv;   // [ldq]
+  float* kt = buf;                  // [E][ldk]
+  float* vf = kt + a.E * l.ldk;     // [S][ldv]
+  float* q4 = vf + a.S * l.ldv;     // [kRows][ldq]
+  float* s4 = q4 + kRows * l.ldq;   // [kRows][ldk]
+  float* o4 = s4 + kRows * l.ldk;   // [kRows][ldv]
+  float* tmp = o4 + kRows * l.ldv;  // [ldq]
   const int64_t n_max = a.causal ? std::min(a.S, i1) : a.S;
   load_kv<D>(a, k, v, b, h, n_max, kt, l.ldk, vf, l.ldv, tmp);
   for (int64_t g = i0; g < i1; g += kRows) {
@@ -214,8 +213,8 @@ BwdLayout bwd_layout(const AttentionArgs& a) {
   l.lde = round16(a.E);
   l.ldv = round16(a.Ev);
   const int64_t S = a.S;
-  l.floats = static_cast<size_t>(a.E * l.ldk + a.Ev * l.ldk + S * l.lde + S * l.lde +
-                                 S * l.ldv + S * l.ldv + 3 * kRows * l.ldk + 2 * kRows * l.lde +
+  l.floats = static_cast<size_t>(a.E * l.ldk + a.Ev * l.ldk + S * l.lde + S * l.lde + S * l.ldv +
+                                 S * l.ldv + 3 * kRows * l.ldk + 2 * kRows * l.lde +
                                  2 * kRows * l.ldv + l.lde + l.ldv + 64);
   return l;
 }
@@ -228,18 +227,18 @@ OPENNEURON_INLINE void backward_task(const AttentionArgs& a, const BwdLayout& l,
                                      float* buf) {
   const int64_t b = bh / a.H, h = bh % a.H;
   const int64_t S = a.S, E = a.E, Ev = a.Ev;
-  float* kt = buf;                 // [E][ldk]   K^T
-  float* vt = kt + E * l.ldk;      // [Ev][ldk]  V^T
-  float* kf = vt + Ev * l.ldk;     // [S][lde]   K
-  float* dkf = kf + S * l.lde;     // [S][lde]
-  float* vf = dkf + S * l.lde;     // [S][ldv]   V
-  float* dvf = vf + S * l.ldv;     // [S][ldv]
-  float* p4 = dvf + S * l.ldv;     // [kRows][ldk] probabilities
-  float* dp4 = p4 + kRows * l.ldk; // [kRows][ldk] dP, then dS * scale
-  float* q4 = dp4 + kRows * l.ldk; // [kRows][lde]
-  float* dq4 = q4 + kRows * l.lde; // [kRows][lde]
-  float* g4 = dq4 + kRows * l.lde; // [kRows][ldv] grad_out rows
-  float* o4 = g4 + kRows * l.ldv;  // [kRows][ldv] out rows
+  float* kt = buf;                  // [E][ldk]   K^T
+  float* vt = kt + E * l.ldk;       // [Ev][ldk]  V^T
+  float* kf = vt + Ev * l.ldk;      // [S][lde]   K
+  float* dkf = kf + S * l.lde;      // [S][lde]
+  float* vf = dkf + S * l.lde;      // [S][ldv]   V
+  float* dvf = vf + S * l.ldv;      // [S][ldv]
+  float* p4 = dvf + S * l.ldv;      // [kRows][ldk] probabilities
+  float* dp4 = p4 + kRows * l.ldk;  // [kRows][ldk] dP, then dS * scale
+  float* q4 = dp4 + kRows * l.ldk;  // [kRows][lde]
+  float* dq4 = q4 + kRows * l.lde;  // [kRows][lde]
+  float* g4 = dq4 + kRows * l.lde;  // [kRows][ldv] grad_out rows
+  float* o4 = g4 + kRows * l.ldv;   // [kRows][ldv] out rows
   load_kv<D>(a, k, v, b, h, S, kt, l.ldk, vf, l.ldv, dkf);
   for (int64_t j = 0; j < S; ++j) {
     float* kr = kf + j * l.lde;
@@ -292,8 +291,8 @@ OPENNEURON_INLINE void backward_task(const AttentionArgs& a, const BwdLayout& l,
 OPENNEURON_KERNEL_TARGETS
 void backward_range(const AttentionArgs& a, const BwdLayout& l, const void* q, const void* k,
                     const void* v, const void* out, const Strides4& os, const void* gout,
-                    const Strides4& gs, const float* lse, void* dq, void* dk, void* dv,
-                    int64_t t0, int64_t t1, float* buf) {
+                    const Strides4& gs, const float* lse, void* dq, void* dk, void* dv, int64_t t0,
+                    int64_t t1, float* buf) {
   for (int64_t t = t0; t < t1; ++t) {
     switch (a.dtype) {
       case DType::F32:
@@ -330,8 +329,8 @@ void attention_backward(const AttentionArgs& a, const void* q, const void* k, co
   const BwdLayout l = bwd_layout(a);
   runtime::parallel_for(0, a.B * a.H, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> buf(l.floats);
-    backward_range(a, l, q, k, v, out, out_strides, grad_out, grad_strides, lse, dq, dk, dv, t0,
-                   t1, buf.data());
+    backward_range(a, l, q, k, v, out, out_strides, grad_out, grad_strides, lse, dq, dk, dv, t0, t1,
+                   buf.data());
   });
 }
 

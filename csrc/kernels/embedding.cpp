@@ -35,20 +35,19 @@ OPENNEURON_INLINE int64_t rows_block(const void* grad, const I* idx, int64_t n, 
   return bad;
 }
 
-#define OPENNEURON_EMBEDDING_BLOCK(I)                                                          \
-  OPENNEURON_KERNEL_TARGETS int64_t block_##I(DType dt, const void* grad, const I* idx,       \
-                                              int64_t n, int64_t dim, int64_t num_weights,    \
-                                              int64_t padding_idx, void* out, int64_t k0,     \
-                                              int64_t k1) {                                   \
-    switch (dt) {                                                                             \
-      case DType::F32:                                                                        \
-        return rows_block<F32>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);     \
-      case DType::BF16:                                                                       \
-        return rows_block<BF16>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);    \
-      case DType::F16:                                                                        \
-        return rows_block<F16>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);     \
-    }                                                                                         \
-    return 0;                                                                                 \
+#define OPENNEURON_EMBEDDING_BLOCK(I)                                                        \
+  OPENNEURON_KERNEL_TARGETS int64_t block_##I(                                               \
+      DType dt, const void* grad, const I* idx, int64_t n, int64_t dim, int64_t num_weights, \
+      int64_t padding_idx, void* out, int64_t k0, int64_t k1) {                              \
+    switch (dt) {                                                                            \
+      case DType::F32:                                                                       \
+        return rows_block<F32>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);    \
+      case DType::BF16:                                                                      \
+        return rows_block<BF16>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);   \
+      case DType::F16:                                                                       \
+        return rows_block<F16>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);    \
+    }                                                                                        \
+    return 0;                                                                                \
   }
 OPENNEURON_EMBEDDING_BLOCK(int64_t)
 OPENNEURON_EMBEDDING_BLOCK(int32_t)
@@ -56,9 +55,9 @@ OPENNEURON_EMBEDDING_BLOCK(int32_t)
 
 }  // namespace
 
-void embedding_backward(DType dtype, const void* grad, const void* indices, bool index32,
-                        int64_t n, int64_t dim, int64_t num_weights, int64_t padding_idx,
-                        void* out, int64_t* bad) {
+void embedding_backward(DType dtype, const void* grad, const void* indices, bool index32, int64_t n,
+                        int64_t dim, int64_t num_weights, int64_t padding_idx, void* out,
+                        int64_t* bad) {
   *bad = 0;
   if (num_weights <= 0) return;
   // Blocks of output rows: at least ~64K elements each, and not so many that re-scanning the

@@ -14,8 +14,8 @@ namespace openneuron::kernels {
 // grad: [n, dim] contiguous; indices: n int64 (index32: int32); out: [num_weights, dim]
 // contiguous, fully written (zeros where no index points). Indices outside [0, num_weights)
 // are counted in *bad (not written) so the caller can report them.
-void embedding_backward(DType dtype, const void* grad, const void* indices, bool index32,
-                        int64_t n, int64_t dim, int64_t num_weights, int64_t padding_idx,
-                        void* out, int64_t* bad);
+void embedding_backward(DType dtype, const void* grad, const void* indices, bool index32, int64_t n,
+                        int64_t dim, int64_t num_weights, int64_t padding_idx, void* out,
+                        int64_t* bad);
 
 }  // namespace openneuron::kernels

@@ -45,13 +45,27 @@ OPENNEURON_INLINE void apply_range(const ForeachTensor& t, int64_t begin, int64_
 template <class D>
 OPENNEURON_INLINE void apply_op(ForeachOp op, const ForeachTensor& t, int64_t b, int64_t e) {
   switch (op) {
-    case ForeachOp::MulScalar: apply_range<D, ForeachOp::MulScalar>(t, b, e); break;
-    case ForeachOp::AddScalar: apply_range<D, ForeachOp::AddScalar>(t, b, e); break;
-    case ForeachOp::DivScalar: apply_range<D, ForeachOp::DivScalar>(t, b, e); break;
-    case ForeachOp::Lerp: apply_range<D, ForeachOp::Lerp>(t, b, e); break;
-    case ForeachOp::Addcmul: apply_range<D, ForeachOp::Addcmul>(t, b, e); break;
-    case ForeachOp::Addcdiv: apply_range<D, ForeachOp::Addcdiv>(t, b, e); break;
-    case ForeachOp::Sqrt: apply_range<D, ForeachOp::Sqrt>(t, b, e); break;
+    case ForeachOp::MulScalar:
+      apply_range<D, ForeachOp::MulScalar>(t, b, e);
+      break;
+    case ForeachOp::AddScalar:
+      apply_range<D, ForeachOp::AddScalar>(t, b, e);
+      break;
+    case ForeachOp::DivScalar:
+      apply_range<D, ForeachOp::DivScalar>(t, b, e);
+      break;
+    case ForeachOp::Lerp:
+      apply_range<D, ForeachOp::Lerp>(t, b, e);
+      break;
+    case ForeachOp::Addcmul:
+      apply_range<D, ForeachOp::Addcmul>(t, b, e);
+      break;
+    case ForeachOp::Addcdiv:
+      apply_range<D, ForeachOp::Addcdiv>(t, b, e);
+      break;
+    case ForeachOp::Sqrt:
+      apply_range<D, ForeachOp::Sqrt>(t, b, e);
+      break;
   }
 }
 

@@ -17,10 +17,10 @@ namespace openneuron::kernels {
 enum class ForeachOp : uint8_t { MulScalar, AddScalar, DivScalar, Lerp, Addcmul, Addcdiv, Sqrt };
 
 struct ForeachTensor {
-  void* out = nullptr;        // written (== a for in-place ops)
-  const void* a = nullptr;    // self
-  const void* b = nullptr;    // tensors1 (Lerp, Addcmul, Addcdiv)
-  const void* c = nullptr;    // tensors2 (Addcmul, Addcdiv)
+  void* out = nullptr;      // written (== a for in-place ops)
+  const void* a = nullptr;  // self
+  const void* b = nullptr;  // tensors1 (Lerp, Addcmul, Addcdiv)
+  const void* c = nullptr;  // tensors2 (Addcmul, Addcdiv)
   float s = 0;
   int64_t numel = 0;
 };

@@ -64,8 +64,7 @@ OPENNEURON_INLINE float f16_to_float(uint16_t h) {
   const uint32_t two_w = w + w;
   const float normalized = float_of((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
   const float denormalized = float_of((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t r =
-      sign | (two_w < (1u << 27) ? bits_of(denormalized) : bits_of(normalized));
+  const uint32_t r = sign | (two_w < (1u << 27) ? bits_of(denormalized) : bits_of(normalized));
   return float_of(r);
 }
 OPENNEURON_INLINE uint16_t float_to_f16(float f) {

@@ -109,8 +109,8 @@ void forward_chunk(LayerNormTypes t, const void* x, const float* w, const float*
 // dx for rows [begin, end) and this block's dweight / dbias partial sums (pw, pb may be null).
 OPENNEURON_KERNEL_TARGETS
 void backward_chunk(LayerNormTypes t, const void* dy, const void* x, const void* mean,
-                    const void* rstd, const float* w, void* dx, float* pw, float* pb,
-                    int64_t begin, int64_t end, int64_t n, float* g, float* xh) {
+                    const void* rstd, const float* w, void* dx, float* pw, float* pb, int64_t begin,
+                    int64_t end, int64_t n, float* g, float* xh) {
   const float inv_n = 1.0f / static_cast<float>(n);
   for (int64_t r = begin; r < end; ++r) {
     load_row(t.dtype, dy, r * n, n, g);
@@ -155,8 +155,8 @@ void layer_norm_forward(LayerNormTypes t, const void* x, const void* weight, con
 }
 
 void layer_norm_backward(LayerNormTypes t, const void* dy, const void* x, const void* mean,
-                         const void* rstd, const void* weight, void* dx, void* dweight,
-                         void* dbias, int64_t rows, int64_t n) {
+                         const void* rstd, const void* weight, void* dx, void* dweight, void* dbias,
+                         int64_t rows, int64_t n) {
   if (n <= 0) return;
   const std::vector<float> w = param_as_float(t.wdtype, weight, n);
   // Fixed row blocks: block i's partial sums live in partial[i]; summed in block order below.

@@ -25,7 +25,7 @@ void layer_norm_forward(LayerNormTypes t, const void* x, const void* weight, con
 
 // Any of dx, dweight, dbias may be null (not wanted). weight may be null (ones).
 void layer_norm_backward(LayerNormTypes t, const void* dy, const void* x, const void* mean,
-                         const void* rstd, const void* weight, void* dx, void* dweight,
-                         void* dbias, int64_t rows, int64_t n);
+                         const void* rstd, const void* weight, void* dx, void* dweight, void* dbias,
+                         int64_t rows, int64_t n);
 
 }  // namespace openneuron::kernels

@@ -32,7 +32,9 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) {
   }
   backend(
       begin, end, grain,
-      [](void* ctx, int64_t b, int64_t e) { (*static_cast<std::remove_reference_t<F>*>(ctx))(b, e); },
+      [](void* ctx, int64_t b, int64_t e) {
+        (*static_cast<std::remove_reference_t<F>*>(ctx))(b, e);
+      },
       const_cast<void*>(static_cast<const void*>(&f)));
 }
 

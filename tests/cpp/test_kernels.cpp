@@ -76,8 +76,8 @@ TEST(KernelUtil, HalfAndBfloatConversionsRoundToNearestEven) {
   EXPECT_EQ(bf16_to_float(0x4049), float_of(0x40490000u));
   EXPECT_EQ(float_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);
-  EXPECT_EQ(float_to_f16(1e6f), 0x7c00);               // overflow -> inf
-  EXPECT_EQ(float_to_f16(5.9604645e-08f), 0x0001);     // smallest subnormal
+  EXPECT_EQ(float_to_f16(1e6f), 0x7c00);            // overflow -> inf
+  EXPECT_EQ(float_to_f16(5.9604645e-08f), 0x0001);  // smallest subnormal
   EXPECT_EQ(f16_to_float(0x0001), 5.9604645e-08f);
   EXPECT_EQ(f16_to_float(0xc000), -2.0f);
   for (uint32_t h = 0; h < 0x7c00; h += 7) EXPECT_EQ(float_to_f16(f16_to_float(h)), h);
@@ -89,8 +89,8 @@ TEST_P(Kernels, LayerNormForwardBackward) {
   std::vector<float> y(rows * n), mean(rows), rstd(rows), dx(rows * n), dw(n), db(n);
   const float eps = 1e-5f;
   LayerNormTypes t;
-  layer_norm_forward(t, x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), rows,
-                     n, eps);
+  layer_norm_forward(t, x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), rows, n,
+                     eps);
   layer_norm_backward(t, dy.data(), x.data(), mean.data(), rstd.data(), w.data(), dx.data(),
                       dw.data(), db.data(), rows, n);
   std::vector<double> ry(rows * n), rdx(rows * n), rdw(n, 0), rdb(n, 0), rmean(rows);
@@ -253,7 +253,10 @@ TEST_P(Kernels, AdamWMatchesScalarReference) {
       const double bc1 = 1 - std::pow(c.beta1, 3.0), bc2 = 1 - std::pow(c.beta2, 3.0);
       for (int64_t i = 0; i < n; i += 97) {
         double pi = p0[i], gi = g[i];
-        if (adamw) pi *= 1 - c.lr * c.weight_decay; else gi += c.weight_decay * pi;
+        if (adamw)
+          pi *= 1 - c.lr * c.weight_decay;
+        else
+          gi += c.weight_decay * pi;
         const double mi = c.beta1 * m0[i] + (1 - c.beta1) * gi;
         double vi = c.beta2 * v0[i] + (1 - c.beta2) * gi * gi;
         if (amsgrad) vi = std::max<double>(v0[i], vi);  // vmax started as v0
@@ -338,13 +341,27 @@ TEST_P(Kernels, ForeachOpsMatchScalarMath) {
       const float s = i < 30000 ? 0.3f : 0.8f, x = a[i], y = b[i], z = c[i];
       float want = 0;
       switch (op) {
-        case ForeachOp::MulScalar: want = x * s; break;
-        case ForeachOp::AddScalar: want = x + s; break;
-        case ForeachOp::DivScalar: want = x / s; break;
-        case ForeachOp::Lerp: want = s < 0.5f ? x + s * (y - x) : y - (y - x) * (1 - s); break;
-        case ForeachOp::Addcmul: want = x + s * y * z; break;
-        case ForeachOp::Addcdiv: want = x + s * y / z; break;
-        case ForeachOp::Sqrt: want = std::sqrt(x); break;
+        case ForeachOp::MulScalar:
+          want = x * s;
+          break;
+        case ForeachOp::AddScalar:
+          want = x + s;
+          break;
+        case ForeachOp::DivScalar:
+          want = x / s;
+          break;
+        case ForeachOp::Lerp:
+          want = s < 0.5f ? x + s * (y - x) : y - (y - x) * (1 - s);
+          break;
+        case ForeachOp::Addcmul:
+          want = x + s * y * z;
+          break;
+        case ForeachOp::Addcdiv:
+          want = x + s * y / z;
+          break;
+        case ForeachOp::Sqrt:
+          want = std::sqrt(x);
+          break;
       }
       ASSERT_EQ(out[i], want) << static_cast<int>(op) << " at " << i;  // same float ops
     }

@@ -1,10 +1,10 @@
-#include "runtime/parallel.h"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
 #include <vector>
+
+#include "runtime/parallel.h"
 
 namespace openneuron::runtime {
 namespace {

@@ -59,8 +59,8 @@ void histc(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::St
   }
   static OpInfo& info = op_info("aten::histc", "");
   info.native_calls.fetch_add(1, std::memory_order_relaxed);
-  at::Tensor out = histc_integral(self, (*stack)[first + 1].toInt(),
-                                  (*stack)[first + 2].toScalar(), (*stack)[first + 3].toScalar());
+  at::Tensor out = histc_integral(self, (*stack)[first + 1].toInt(), (*stack)[first + 2].toScalar(),
+                                  (*stack)[first + 3].toScalar());
   torch::jit::drop(*stack, 4);
   stack->push_back(c10::IValue(std::move(out)));
 }

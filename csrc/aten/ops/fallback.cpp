@@ -126,10 +126,9 @@ struct Launch {
   // memcpy instead of a dispatch and a TensorIterator, the same bytes. False: not handled.
   static bool copy_small_dense(const at::Tensor& t, const at::Tensor& r) {
     if (t.scalar_type() != r.scalar_type() || at::isQIntType(t.scalar_type()) ||
-        t.layout() != c10::kStrided ||
-        r.layout() != c10::kStrided || !t.device().is_cpu() || !r.device().is_cpu() ||
-        t.numel() >= at::internal::GRAIN_SIZE || !t.is_contiguous() || !r.is_contiguous() ||
-        t.is_conj() || r.is_conj() || t.is_neg() || r.is_neg()) {
+        t.layout() != c10::kStrided || r.layout() != c10::kStrided || !t.device().is_cpu() ||
+        !r.device().is_cpu() || t.numel() >= at::internal::GRAIN_SIZE || !t.is_contiguous() ||
+        !r.is_contiguous() || t.is_conj() || r.is_conj() || t.is_neg() || r.is_neg()) {
       return false;
     }
     const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();

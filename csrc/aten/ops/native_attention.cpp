@@ -65,8 +65,8 @@ int64_t fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor additive_mask(const at::Tensor& bias, const at::Tensor& q) {
   if (!bias.defined()) return bias;
   TORCH_CHECK(on_neuron(bias) && bias.device() == q.device(),
-              "scaled_dot_product_attention (neuron): attn_mask must be on ", q.device(),
-              ", got ", bias.device());
+              "scaled_dot_product_attention (neuron): attn_mask must be on ", q.device(), ", got ",
+              bias.device());
   if (bias.scalar_type() == c10::ScalarType::Bool) {
     return at::zeros(bias.sizes(), q.options()).masked_fill_(bias.logical_not(), -INFINITY);
   }
@@ -97,8 +97,8 @@ void check_inputs(const char* op, const at::Tensor& q, const at::Tensor& k, cons
               "device, got ", q.scalar_type(), " on ", q.device(), ", ", k.scalar_type(), " on ",
               k.device(), ", ", v.scalar_type(), " on ", v.device());
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), op,
-              ": query/key/value must have one dtype, got ", q.scalar_type(), ", ",
-              k.scalar_type(), ", ", v.scalar_type());
+              ": query/key/value must have one dtype, got ", q.scalar_type(), ", ", k.scalar_type(),
+              ", ", v.scalar_type());
   TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) &&
                   v.size(1) == q.size(1) && k.size(2) == v.size(2) && k.size(3) == q.size(3),
               op, ": incompatible shapes query ", q.sizes(), ", key ", k.sizes(), ", value ",
@@ -122,8 +122,8 @@ kernels::AttentionArgs make_args(const at::Tensor& q, const at::Tensor& k, const
   a.k = strides_of(k);
   a.v = strides_of(v);
   a.causal = is_causal;
-  a.scale = static_cast<float>(scale.has_value() ? *scale
-                                                 : 1.0 / std::sqrt(static_cast<double>(a.E)));
+  a.scale =
+      static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(a.E)));
   if (mask.defined()) {
     at::Tensor m = mask.expand({a.B, a.H, a.L, a.S});
     a.mask = ptr_of(m);
@@ -174,12 +174,18 @@ SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at
     static const c10::OperatorHandle op =
         find_op("aten::_scaled_dot_product_flash_attention_for_cpu", "");
     auto [out, lse] = boxed_fallback<std::tuple<at::Tensor, at::Tensor>>(
-        op, q, k, v, 0.0, is_causal, mask.defined() ? std::optional<at::Tensor>(mask)
-                                                    : std::optional<at::Tensor>(),
-        scale);
+        op, q, k, v, 0.0, is_causal,
+        mask.defined() ? std::optional<at::Tensor>(mask) : std::optional<at::Tensor>(), scale);
     info.native_calls.fetch_add(1, std::memory_order_relaxed);
-    return {out, lse, at::Tensor(), at::Tensor(), c10::SymInt(q.size(2)), c10::SymInt(k.size(2)),
-            at::empty({}, at::dtype(at::kLong)), at::empty({}, at::dtype(at::kLong)), at::Tensor()};
+    return {out,
+            lse,
+            at::Tensor(),
+            at::Tensor(),
+            c10::SymInt(q.size(2)),
+            c10::SymInt(k.size(2)),
+            at::empty({}, at::dtype(at::kLong)),
+            at::empty({}, at::dtype(at::kLong)),
+            at::Tensor()};
   }
   const kernels::AttentionArgs a = make_args(q, k, v, mask, is_causal, scale);
   at::Tensor out = empty_on({a.B, a.H, a.L, a.Ev}, q.scalar_type(), q.device());
@@ -192,11 +198,10 @@ SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at
     const void* vp = ptr_of(v);
     void* op = ptr_of(out);
     float* lp = static_cast<float*>(ptr_of(lse));
-    enqueue_native(info, q.device(),
-                   [=] { kernels::attention_forward(a, qp, kp, vp, op, lp); });
+    enqueue_native(info, q.device(), [=] { kernels::attention_forward(a, qp, kp, vp, op, lp); });
   }
-  return {out, lse, at::Tensor(), at::Tensor(), c10::SymInt(a.L), c10::SymInt(a.S), seed, offset,
-          at::Tensor()};
+  return {out,  lse,    at::Tensor(), at::Tensor(), c10::SymInt(a.L), c10::SymInt(a.S),
+          seed, offset, at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
@@ -204,8 +209,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
     const at::Tensor& value, const at::Tensor& attn_bias, std::array<bool, 4> grad_input_mask,
     const at::Tensor& out, const at::Tensor& logsumexp, const at::Tensor& cum_seq_q,
     const at::Tensor& cum_seq_k, int64_t max_q, int64_t max_k, double dropout_p, bool is_causal,
-    const at::Tensor& philox_seed, const at::Tensor& philox_offset,
-    std::optional<double> scale) {
+    const at::Tensor& philox_seed, const at::Tensor& philox_offset, std::optional<double> scale) {
   static const char* kOp = "_scaled_dot_product_fused_attention_overrideable_backward";
   check_inputs(kOp, query, key, value, dropout_p);
   TORCH_CHECK(!(grad_input_mask[3] && attn_bias.defined()), kOp,
@@ -278,6 +282,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   namespace ops = openneuron::aten;
   m.impl("_fused_sdp_choice", TORCH_FN(ops::fused_sdp_choice));
   m.impl("_scaled_dot_product_fused_attention_overrideable", TORCH_FN(ops::sdpa_forward));
-  m.impl("_scaled_dot_product_fused_attention_overrideable_backward",
-         TORCH_FN(ops::sdpa_backward));
+  m.impl("_scaled_dot_product_fused_attention_overrideable_backward", TORCH_FN(ops::sdpa_backward));
 }

@@ -2,8 +2,9 @@
 // device: one work item per list (csrc/kernels/foreach.h). Without these, ATen's
 // CompositeExplicitAutograd "slow path" turns each list op into one op per tensor (52 work
 // items for a 52-parameter model). Results are bitwise equal to CPU's (same float operations;
-// sqrt runs ATen's CPU kernel per tensor inside the one work item). Lists the kernel does not cover (mixed dtypes, non-contiguous
-// or non-float tensors, complex scalars) run that same per-tensor loop here.
+// sqrt runs ATen's CPU kernel per tensor inside the one work item). Lists the kernel does not cover
+// (mixed dtypes, non-contiguous or non-float tensors, complex scalars) run that same per-tensor
+// loop here.
 #include <torch/library.h>
 
 #include <stdexcept>
@@ -53,13 +54,20 @@ OpInfo& info_of(ForeachOp op) {
   static OpInfo& addcdiv = op_info("aten::_foreach_addcdiv_", "ScalarList");
   static OpInfo& sqrt = op_info("aten::_foreach_sqrt", "");
   switch (op) {
-    case ForeachOp::MulScalar: return mul;
-    case ForeachOp::AddScalar: return add;
-    case ForeachOp::DivScalar: return div;
-    case ForeachOp::Lerp: return lerp;
-    case ForeachOp::Addcmul: return addcmul;
-    case ForeachOp::Addcdiv: return addcdiv;
-    case ForeachOp::Sqrt: break;
+    case ForeachOp::MulScalar:
+      return mul;
+    case ForeachOp::AddScalar:
+      return add;
+    case ForeachOp::DivScalar:
+      return div;
+    case ForeachOp::Lerp:
+      return lerp;
+    case ForeachOp::Addcmul:
+      return addcmul;
+    case ForeachOp::Addcdiv:
+      return addcdiv;
+    case ForeachOp::Sqrt:
+      break;
   }
   return sqrt;
 }
@@ -95,8 +103,7 @@ void mul_scalar_(at::TensorList self, const at::Scalar& s) {
     for (const auto& t : self) const_cast<at::Tensor&>(t).mul_(s);
     return;
   }
-  launch(ForeachOp::MulScalar, self, self, {}, {},
-         {static_cast<float>(s.toDouble())});
+  launch(ForeachOp::MulScalar, self, self, {}, {}, {static_cast<float>(s.toDouble())});
 }
 
 void add_scalar_(at::TensorList self, const at::Scalar& s) {
@@ -117,8 +124,8 @@ void add_scalar_(at::TensorList self, const at::Scalar& s) {
 }
 
 void div_scalarlist_(at::TensorList self, at::ArrayRef<at::Scalar> scalars) {
-  TORCH_CHECK(scalars.size() == self.size(), "_foreach_div_: got ", scalars.size(),
-              " scalars for ", self.size(), " tensors");
+  TORCH_CHECK(scalars.size() == self.size(), "_foreach_div_: got ", scalars.size(), " scalars for ",
+              self.size(), " tensors");
   bool ok = lists_ok(self, {});
   for (const auto& s : scalars) ok = ok && real_scalar(s);
   if (!ok) {
@@ -135,8 +142,7 @@ void lerp_scalar_(at::TensorList self, at::TensorList ends, const at::Scalar& we
       const_cast<at::Tensor&>(self[i]).lerp_(ends[i], weight);
     return;
   }
-  launch(ForeachOp::Lerp, self, self, ends, {},
-         {static_cast<float>(weight.toDouble())});
+  launch(ForeachOp::Lerp, self, self, ends, {}, {static_cast<float>(weight.toDouble())});
 }
 
 void addcmul_scalar_(at::TensorList self, at::TensorList t1, at::TensorList t2,
@@ -148,8 +154,7 @@ void addcmul_scalar_(at::TensorList self, at::TensorList t1, at::TensorList t2,
       const_cast<at::Tensor&>(self[i]).addcmul_(t1[i], t2[i], value);
     return;
   }
-  launch(ForeachOp::Addcmul, self, self, t1, t2,
-         {static_cast<float>(value.toDouble())});
+  launch(ForeachOp::Addcmul, self, self, t1, t2, {static_cast<float>(value.toDouble())});
 }
 
 void addcdiv_scalarlist_(at::TensorList self, at::TensorList t1, at::TensorList t2,

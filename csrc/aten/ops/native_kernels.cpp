@@ -55,8 +55,8 @@ std::optional<kernels::LayerNormTypes> ln_types(const at::Tensor& x, const at::T
 }
 
 bool ln_param_ok(const at::Tensor& p, const at::Tensor& x, int64_t n) {
-  return !p.defined() || (kernel_operand(p) && p.device() == x.device() && p.is_contiguous() &&
-                          p.numel() == n);
+  return !p.defined() ||
+         (kernel_operand(p) && p.device() == x.device() && p.is_contiguous() && p.numel() == n);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(
@@ -100,9 +100,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(
   void* mp = ptr_of(mean);
   void* rp = ptr_of(rstd);
   const float feps = static_cast<float>(eps);
-  enqueue_native(info, input.device(), [=] {
-    kernels::layer_norm_forward(t, x, wp, bp, y, mp, rp, rows, n, feps);
-  });
+  enqueue_native(info, input.device(),
+                 [=] { kernels::layer_norm_forward(t, x, wp, bp, y, mp, rp, rows, n, feps); });
   return {out, mean, rstd};
 }
 
@@ -160,17 +159,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
 // ---- embedding backward ---------------------------------------------------------------------
 
 at::Tensor embedding_dense_bwd(const at::Tensor& grad_output, const at::Tensor& indices,
-                               int64_t num_weights, int64_t padding_idx,
-                               bool scale_grad_by_freq) {
+                               int64_t num_weights, int64_t padding_idx, bool scale_grad_by_freq) {
   static const c10::OperatorHandle op = find_op("aten::embedding_dense_backward", "");
-  const bool ok = native_kernels_enabled() && !scale_grad_by_freq &&
-                  kernel_operand(grad_output) && grad_output.is_contiguous() &&
-                  grad_output.dim() >= 1 && on_neuron(indices) &&
+  const bool ok = native_kernels_enabled() && !scale_grad_by_freq && kernel_operand(grad_output) &&
+                  grad_output.is_contiguous() && grad_output.dim() >= 1 && on_neuron(indices) &&
                   indices.device() == grad_output.device() && indices.is_contiguous() &&
                   (indices.scalar_type() == c10::ScalarType::Long ||
                    indices.scalar_type() == c10::ScalarType::Int) &&
-                  num_weights >= 0 &&
-                  grad_output.numel() == indices.numel() * grad_output.size(-1);
+                  num_weights >= 0 && grad_output.numel() == indices.numel() * grad_output.size(-1);
   if (!ok) {
     return boxed_fallback<at::Tensor>(op, grad_output, indices, num_weights, padding_idx,
                                       scale_grad_by_freq);

@@ -42,8 +42,8 @@ inline bool on_neuron(const at::Tensor& t) { return t.defined() && t.device().is
 
 // A plain (not conjugated / negated) neuron tensor of a kernel dtype.
 inline bool kernel_operand(const at::Tensor& t) {
-  return on_neuron(t) && kernel_dtype(t.scalar_type()).has_value() && !t.is_conj() &&
-         !t.is_neg() && t.layout() == c10::kStrided;
+  return on_neuron(t) && kernel_dtype(t.scalar_type()).has_value() && !t.is_conj() && !t.is_neg() &&
+         t.layout() == c10::kStrided;
 }
 
 // A new contiguous neuron tensor (allocated on the current stream of `device`).
@@ -64,8 +64,7 @@ void enqueue_native(OpInfo& info, c10::Device device, F&& fn) {
   work.name = info.name;
   work.origin = origin_capture();
   work.fn = std::forward<F>(fn);
-  with_torch_errors(
-      [&] { runtime::stream_current(device.index()).enqueue(std::move(work)); });
+  with_torch_errors([&] { runtime::stream_current(device.index()).enqueue(std::move(work)); });
 }
 
 // Calls op through the boxed PrivateUse1 fallback (the path without a native kernel).

@@ -72,8 +72,8 @@ void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_
                 const std::optional<at::Tensor>& grad_scale,
                 const std::optional<at::Tensor>& found_inf) {
   kernels::DType dtype = kernels::DType::F32;
-  auto list = adam_list(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
-                        amsgrad, grad_scale, found_inf, &dtype);
+  auto list = adam_list(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, amsgrad,
+                        grad_scale, found_inf, &dtype);
   const float* lr_ptr = nullptr;
   if (list && lr_tensor) {
     if (lr_tensor->device().is_cpu() && lr_tensor->numel() == 1) {
@@ -88,14 +88,14 @@ void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_
   if (!list) {
     if (lr_tensor) {
       static const c10::OperatorHandle op = find_op(name, "tensor_lr");
-      boxed_fallback<void>(op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-                           state_steps, *lr_tensor, beta1, beta2, weight_decay, eps, amsgrad,
-                           maximize, grad_scale, found_inf);
+      boxed_fallback<void>(op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                           *lr_tensor, beta1, beta2, weight_decay, eps, amsgrad, maximize,
+                           grad_scale, found_inf);
     } else {
       static const c10::OperatorHandle op = find_op(name, "");
-      boxed_fallback<void>(op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-                           state_steps, lr, beta1, beta2, weight_decay, eps, amsgrad, maximize,
-                           grad_scale, found_inf);
+      boxed_fallback<void>(op, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                           lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, grad_scale,
+                           found_inf);
     }
     return;
   }
@@ -114,9 +114,8 @@ void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_
   c.grad_scale = grad_scale && grad_scale->defined()
                      ? static_cast<const float*>(ptr_of(*grad_scale))
                      : nullptr;
-  c.found_inf = found_inf && found_inf->defined()
-                    ? static_cast<const float*>(ptr_of(*found_inf))
-                    : nullptr;
+  c.found_inf =
+      found_inf && found_inf->defined() ? static_cast<const float*>(ptr_of(*found_inf)) : nullptr;
   enqueue_native(info, params[0].device(), [c, tensors = std::move(*list)] {
     kernels::adam_step(c, tensors.data(), tensors.size());
   });
