@@ -144,7 +144,7 @@ def cross_entropy_case(rows: int, classes: int):
 _cases_without_norms = cases
 
 
-def cases(quick: bool):  # noqa: F811  (the list above plus the norms rows)
+def cases(quick: bool):
     return _cases_without_norms(quick) + [rms_norm_case(8 * 128, 256, backward=False),
                                           rms_norm_case(8 * 128, 256, backward=True),
                                           cross_entropy_case(512, 256),

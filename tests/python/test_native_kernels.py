@@ -18,9 +18,9 @@ import openneuron
 
 DEV = torch.device("neuron:0")
 TOL = {
-    torch.float32: dict(rtol=1e-5, atol=1e-5),
-    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
-    torch.float16: dict(rtol=2e-3, atol=2e-3),
+    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+    torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
+    torch.float16: {"rtol": 2e-3, "atol": 2e-3},
 }
 DTYPES = list(TOL)
 
@@ -158,9 +158,9 @@ def test_sdpa_aten_flash_option(aten_flash_sdpa, dtype, case):
     item (torch.ops.openneuron._sdpa_kernel("aten_flash"))."""
     torch.manual_seed(2)
     q, k, v = torch.randn(2, 3, 33, 16), torch.randn(2, 3, 40, 16), torch.randn(2, 3, 40, 16)
-    kw = {"causal": dict(is_causal=True), "plain": dict(scale=0.5),
-          "float_mask": dict(attn_mask=torch.randn(2, 1, 33, 40)),
-          "bool_mask": dict(attn_mask=torch.rand(33, 40) > 0.5)}[case]
+    kw = {"causal": {"is_causal": True}, "plain": {"scale": 0.5},
+          "float_mask": {"attn_mask": torch.randn(2, 1, 33, 40)},
+          "bool_mask": {"attn_mask": torch.rand(33, 40) > 0.5}}[case]
     cpu, dev = sdpa_both(q, k, v, dtype, **kw)
     for a, c in zip(dev, cpu):
         close(a, c, dtype, scale=4 if dtype == torch.float32 else 2)
@@ -252,9 +252,9 @@ def run_adam(cls, device, dtype, steps=3, **kw):
 
 
 @pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
-@pytest.mark.parametrize("kw", [dict(), dict(weight_decay=0.1), dict(amsgrad=True),
-                                dict(maximize=True, weight_decay=0.05),
-                                dict(lr=torch.tensor(0.01))])
+@pytest.mark.parametrize("kw", [{}, {"weight_decay": 0.1}, {"amsgrad": True},
+                                {"maximize": True, "weight_decay": 0.05},
+                                {"lr": torch.tensor(0.01)}])
 def test_fused_adam_matches_cpu(cls, kw):
     op = "aten::_fused_adamw_" if cls is torch.optim.AdamW else "aten::_fused_adam_"
     before = native_calls(op)
@@ -359,7 +359,7 @@ def test_embedding_backward_empty_and_bad_indices():
 # ---- _foreach_* ops (the default foreach Adam/AdamW step) --------------------------------------
 
 @pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
-@pytest.mark.parametrize("kw", [dict(), dict(weight_decay=0.1), dict(amsgrad=True)])
+@pytest.mark.parametrize("kw", [{}, {"weight_decay": 0.1}, {"amsgrad": True}])
 def test_foreach_adam_matches_cpu(cls, kw):
     name = "aten::_foreach_addcdiv_.ScalarList"
     before = native_calls(name)

@@ -9,16 +9,16 @@ rounding of a float32 result, as ATen computes rms_norm in float32 for them too)
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 import openneuron
 
 DEV = torch.device("neuron:0")
 TOL = {
-    torch.float32: dict(rtol=1e-5, atol=1e-5),
-    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
-    torch.float16: dict(rtol=2e-3, atol=2e-3),
+    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+    torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
+    torch.float16: {"rtol": 2e-3, "atol": 2e-3},
 }
 DTYPES = list(TOL)
 FWD = "aten::rms_norm"
@@ -139,7 +139,7 @@ def test_inference_mode_and_no_grad():
 
 def test_non_contiguous_grad_output():
     x = torch.randn(4, 32)
-    (y, dx, _), (yn, dxn, _) = run_both(x, (32,), None, None, torch.randn(32, 4).t())
+    (_y, dx, _), (_yn, dxn, _) = run_both(x, (32,), None, None, torch.randn(32, 4).t())
     close(dxn, dx, torch.float32, 4)
 
 
@@ -220,7 +220,7 @@ def test_cross_entropy_forward_backward(dtype, reduction, ignore, shape):
     rows, classes = shape
     x = (torch.randn(shape) * 3).to(dtype)
     t = torch.randint(0, classes, (rows,))
-    kw = dict(reduction=reduction)
+    kw = {"reduction": reduction}
     if ignore is not None:
         t[::3] = ignore
         kw["ignore_index"] = ignore
