@@ -10,46 +10,6 @@
 namespace openneuron::kernels {
 namespace {
 
-template <class D>
-OPENNEURON_INLINE void to_float(const void* src, int64_t offset, int64_t n, float* dst) {
-  const typename D::T* s = static_cast<const typename D::T*>(src) + offset;
-  for (int64_t j = 0; j < n; ++j) dst[j] = D::load(s[j]);
-}
-
-template <class D>
-OPENNEURON_INLINE void from_float(const float* src, void* dst, int64_t offset, int64_t n) {
-  typename D::T* d = static_cast<typename D::T*>(dst) + offset;
-  for (int64_t j = 0; j < n; ++j) d[j] = D::store(src[j]);
-}
-
-OPENNEURON_INLINE void load_row(DType d, const void* src, int64_t offset, int64_t n, float* dst) {
-  switch (d) {
-    case DType::F32:
-      to_float<F32>(src, offset, n, dst);
-      break;
-    case DType::BF16:
-      to_float<BF16>(src, offset, n, dst);
-      break;
-    case DType::F16:
-      to_float<F16>(src, offset, n, dst);
-      break;
-  }
-}
-
-OPENNEURON_INLINE void store_row(DType d, const float* src, void* dst, int64_t offset, int64_t n) {
-  switch (d) {
-    case DType::F32:
-      from_float<F32>(src, dst, offset, n);
-      break;
-    case DType::BF16:
-      from_float<BF16>(src, dst, offset, n);
-      break;
-    case DType::F16:
-      from_float<F16>(src, dst, offset, n);
-      break;
-  }
-}
-
 // logsumexp of row[0..n) (row is overwritten with exp(row - max)).
 OPENNEURON_KERNEL_TARGETS
 float row_lse(float* row, int64_t n) {
