@@ -23,11 +23,17 @@ _CONFIG_VARS = (
 )
 
 
-def run_python(code: str, env: dict[str, str] | None = None,
+def run_python(code: str, env: dict[str, str | None] | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter of this venv with a clean neuron configuration."""
+    """Run `code` in a fresh interpreter of this venv with a clean neuron configuration.
+    env adds variables; a None value removes one the test process has (e.g. the adaptive-eager
+    switch that `make test-fusion` sets for the whole suite)."""
     full_env = {k: v for k, v in os.environ.items() if k not in _CONFIG_VARS}
-    full_env.update(env or {})
+    for k, v in (env or {}).items():
+        if v is None:
+            full_env.pop(k, None)
+        else:
+            full_env[k] = v
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=full_env, cwd=REPO, check=False, capture_output=True, text=True, timeout=timeout,

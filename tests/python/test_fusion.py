@@ -590,7 +590,8 @@ def test_log_line_format(run_py):
 
 
 def test_env_var_off_by_default(run_py):
-    r = run_py("import torch; print(torch.neuron.is_fusion_enabled())")
+    r = run_py("import torch; print(torch.neuron.is_fusion_enabled())",
+               env={"TORCH_NEURONX_ENABLE_CONCATENATION": None})
     assert r.stdout.strip() == "False", r.stderr
 
 
