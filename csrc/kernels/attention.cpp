@@ -13,29 +13,6 @@ constexpr int64_t kRows = 8;         // query rows per micro-kernel call (regist
 
 OPENNEURON_INLINE int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
-OPENNEURON_INLINE float load1(DType d, const void* p, int64_t i) {
-  switch (d) {
-    case DType::F32:
-      return static_cast<const float*>(p)[i];
-    case DType::BF16:
-      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16:
-      return f16_to_float(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0;
-}
-
-template <class D>
-OPENNEURON_INLINE void load_vec(const void* p, int64_t off, int64_t n, float* dst) {
-  const typename D::T* s = static_cast<const typename D::T*>(p) + off;
-  for (int64_t j = 0; j < n; ++j) dst[j] = D::load(s[j]);
-}
-template <class D>
-OPENNEURON_INLINE void store_vec(const float* src, void* p, int64_t off, int64_t n) {
-  typename D::T* d = static_cast<typename D::T*>(p) + off;
-  for (int64_t j = 0; j < n; ++j) d[j] = D::store(src[j]);
-}
-
 OPENNEURON_INLINE int64_t off(const Strides4& st, int64_t b, int64_t h, int64_t r) {
   return b * st.s[0] + h * st.s[1] + r * st.s[2];
 }
@@ -85,7 +62,7 @@ OPENNEURON_INLINE void load_rows(const void* p, const Strides4& st, int64_t b, i
   for (int64_t r = 0; r < kRows; ++r) {
     float* row = dst + r * ld;
     for (int64_t e = 0; e < ld; ++e) row[e] = 0;
-    if (r < count) load_vec<D>(p, off(st, b, h, i0 + r), n, row);
+    if (r < count) to_float<D>(p, off(st, b, h, i0 + r), n, row);
   }
 }
 
@@ -102,7 +79,7 @@ OPENNEURON_INLINE void scores4(const AttentionArgs& a, const float* q4, int64_t 
     for (int64_t j = 0; j < nr; ++j) s[j] *= a.scale;
     if (a.mask) {
       const int64_t mo = b * a.m.s[0] + h * a.m.s[1] + i * a.m.s[2];
-      for (int64_t j = 0; j < nr; ++j) s[j] += load1(a.mask_dtype, a.mask, mo + j * a.m.s[3]);
+      for (int64_t j = 0; j < nr; ++j) s[j] += load_any(a.mask_dtype, a.mask, mo + j * a.m.s[3]);
     }
     for (int64_t j = nr; j < n; ++j) s[j] = -INFINITY;
   }
@@ -114,10 +91,10 @@ OPENNEURON_INLINE void load_kv(const AttentionArgs& a, const void* k, const void
                                int64_t h, int64_t n, float* kt, int64_t ldk, float* vf, int64_t ldv,
                                float* tmp) {
   for (int64_t j = 0; j < n; ++j) {
-    load_vec<D>(k, off(a.k, b, h, j), a.E, tmp);
+    to_float<D>(k, off(a.k, b, h, j), a.E, tmp);
     for (int64_t e = 0; e < a.E; ++e) kt[e * ldk + j] = tmp[e];
     float* vr = vf + j * ldv;
-    load_vec<D>(v, off(a.v, b, h, j), a.Ev, vr);
+    to_float<D>(v, off(a.v, b, h, j), a.Ev, vr);
     for (int64_t e = a.Ev; e < ldv; ++e) vr[e] = 0;
   }
   for (int64_t e = 0; e < a.E; ++e)
@@ -179,7 +156,7 @@ OPENNEURON_INLINE void forward_task(const AttentionArgs& a, const FwdLayout& l, 
     for (int64_t r = 0; r < count; ++r) {
       float* o = o4 + r * l.ldv;
       for (int64_t e = 0; e < a.Ev; ++e) o[e] *= inv[r];
-      store_vec<D>(o, out, ((b * a.H + h) * a.L + g + r) * a.Ev, a.Ev);
+      from_float<D>(o, out, ((b * a.H + h) * a.L + g + r) * a.Ev, a.Ev);
     }
   }
 }
@@ -242,7 +219,7 @@ OPENNEURON_INLINE void backward_task(const AttentionArgs& a, const BwdLayout& l,
   load_kv<D>(a, k, v, b, h, S, kt, l.ldk, vf, l.ldv, dkf);
   for (int64_t j = 0; j < S; ++j) {
     float* kr = kf + j * l.lde;
-    load_vec<D>(k, off(a.k, b, h, j), E, kr);
+    to_float<D>(k, off(a.k, b, h, j), E, kr);
     for (int64_t e = E; e < l.lde; ++e) kr[e] = 0;
     for (int64_t e = 0; e < Ev; ++e) vt[e * l.ldk + j] = vf[j * l.ldv + e];
   }
@@ -280,11 +257,11 @@ OPENNEURON_INLINE void backward_task(const AttentionArgs& a, const BwdLayout& l,
       for (int64_t x = 0; x < kRows * l.lde; ++x) dq4[x] = 0;
     }
     for (int64_t r = 0; r < count; ++r)
-      store_vec<D>(dq4 + r * l.lde, dq, ((b * a.H + h) * a.L + g + r) * E, E);
+      from_float<D>(dq4 + r * l.lde, dq, ((b * a.H + h) * a.L + g + r) * E, E);
   }
   for (int64_t j = 0; j < S; ++j) {
-    store_vec<D>(dkf + j * l.lde, dk, (bh * S + j) * E, E);
-    store_vec<D>(dvf + j * l.ldv, dv, (bh * S + j) * Ev, Ev);
+    from_float<D>(dkf + j * l.lde, dk, (bh * S + j) * E, E);
+    from_float<D>(dvf + j * l.ldv, dv, (bh * S + j) * Ev, Ev);
   }
 }
 

@@ -97,6 +97,33 @@ struct F16 {
   static OPENNEURON_INLINE T store(float f) { return float_to_f16(f); }
 };
 
+// One element of any storage dtype as float, and back (i in elements).
+OPENNEURON_INLINE float load_any(DType d, const void* p, int64_t i) {
+  switch (d) {
+    case DType::F32:
+      return static_cast<const float*>(p)[i];
+    case DType::BF16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::F16:
+      return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+
+OPENNEURON_INLINE void store_any(DType d, void* p, int64_t i, float v) {
+  switch (d) {
+    case DType::F32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::BF16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
+      break;
+    case DType::F16:
+      static_cast<uint16_t*>(p)[i] = float_to_f16(v);
+      break;
+  }
+}
+
 // Rows of any storage dtype to and from float buffers (offset and n in elements).
 template <class D>
 OPENNEURON_INLINE void to_float(const void* src, int64_t offset, int64_t n, float* dst) {

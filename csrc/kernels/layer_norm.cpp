@@ -8,32 +8,6 @@
 namespace openneuron::kernels {
 namespace {
 
-OPENNEURON_INLINE float load_any(DType d, const void* p, int64_t i) {
-  switch (d) {
-    case DType::F32:
-      return static_cast<const float*>(p)[i];
-    case DType::BF16:
-      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16:
-      return f16_to_float(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0;
-}
-
-OPENNEURON_INLINE void store_any(DType d, void* p, int64_t i, float v) {
-  switch (d) {
-    case DType::F32:
-      static_cast<float*>(p)[i] = v;
-      break;
-    case DType::BF16:
-      static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
-      break;
-    case DType::F16:
-      static_cast<uint16_t*>(p)[i] = float_to_f16(v);
-      break;
-  }
-}
-
 // Per-chunk float buffers: a row and the weight / bias as float.
 OPENNEURON_KERNEL_TARGETS
 void forward_chunk(LayerNormTypes t, const void* x, const float* w, const float* b, void* y,
