@@ -26,8 +26,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing python packages into .venv"
   # NOTE: torch is pinned; an unpinned torch would pull a multi-GB CUDA build. transformers is
   # pinned too (5.25 needs a `kernels` release PyPI mirrors here lack); tests build tiny HF models.
+  # accelerate and peft: the versions tested with transformers 5.20.0 and torch 2.13.0
+  # (tests/python/test_huggingface_stack.py); neither makes pip touch torch.
   .venv/bin/pip install -q --disable-pip-version-check \
-    torch==2.13.0 setuptools wheel pytest numpy expecttest hypothesis transformers==5.20.0
+    torch==2.13.0 setuptools wheel pytest numpy expecttest hypothesis transformers==5.20.0 \
+    accelerate==1.15.0 peft==0.21.2
   .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
   echo "$want" >"$stamp"
 fi
