@@ -7,7 +7,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
+#include <initializer_list>
 #include <optional>
 #include <utility>
 
@@ -81,10 +83,45 @@ inline c10::OperatorHandle find_op(const char* name, const char* overload) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
 }
 
+// The device address of t's first element (nullptr for an undefined tensor). Raises (never a
+// null dereference on an executor thread later) for a tensor without device memory: a FakeTensor
+// or meta tensor (meta storage), a wrapper subclass or torch.func wrapper (no storage).
 inline void* ptr_of(const at::Tensor& t) {
-  return t.defined() ? static_cast<char*>(buffer_of(t).data) +
-                           t.storage_offset() * static_cast<int64_t>(t.itemsize())
-                     : nullptr;
+  if (!t.defined()) return nullptr;
+  TORCH_CHECK(t.storage().device_type() == c10::DeviceType::PrivateUse1,
+              "openneuron: a native kernel was given a tensor without neuron device memory (",
+              t.storage().device(), " storage, e.g. a FakeTensor or meta tensor); tracing must ",
+              "dispatch the kernel's openneuron:: op or decompose it");
+  return static_cast<char*>(buffer_of(t).data) +
+         t.storage_offset() * static_cast<int64_t>(t.itemsize());
+}
+
+// How a native kernel registered at AutogradPrivateUse1 (native_norms.cpp) runs for its inputs:
+//  kDirect: real neuron tensors and no TorchDispatchMode: the kernel is enqueued directly;
+//  kOp: tracing (FakeTensor, functionalization, torch.func wrappers, any dispatch mode active:
+//       Dynamo, AOTAutograd, torch.export): the kernel's openneuron:: op is called through the
+//       dispatcher, whose Meta kernel gives FakeTensors their shapes and which stays one node of
+//       the traced graph (the PrivateUse1 kernel runs it when the graph runs);
+//  kComposite: a Python tensor subclass outside tracing (e.g. DTensor): ATen's composite, whose
+//       smaller ops the subclass knows.
+enum class NativeRoute { kDirect, kOp, kComposite };
+
+inline NativeRoute native_route(std::initializer_list<const at::Tensor*> tensors) {
+  // Keys of tensors whose data is not (directly) a neuron device buffer.
+  static const c10::DispatchKeySet kWrapped(
+      {c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+       c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched,
+       c10::DispatchKey::BatchedNestedTensor});
+  if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return NativeRoute::kOp;
+  bool wrapped = false, python = false;
+  for (const at::Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    const c10::DispatchKeySet ks = t->key_set();
+    wrapped |= ks.has_any(kWrapped);
+    python |= ks.has(c10::DispatchKey::Python);
+  }
+  if (!wrapped) return NativeRoute::kDirect;
+  return python ? NativeRoute::kComposite : NativeRoute::kOp;
 }
 
 }  // namespace openneuron::aten
