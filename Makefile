@@ -6,7 +6,7 @@ BUILD := build
 # NOTE: one build at a time in a build folder (several shells may run make at once).
 LOCKED := flock $(BUILD)/.lock
 
-.PHONY: all setup build test test-cpp test-python test-fusion demo finetune bench bench-training bench-kernels bench-fusion lint asan tsan clean
+.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion lint asan tsan clean
 
 all: build
 
@@ -18,10 +18,13 @@ build: setup
 	@[ -f $(BUILD)/build.ninja ] || $(LOCKED) cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$(abspath $(PY))
 	@$(LOCKED) cmake --build $(BUILD)
 
-test: test-cpp asan tsan test-python test-fusion
+test: test-cpp asan tsan test-python test-fusion test-isa
 
+# Once per SIMD variant this CPU supports (OPENNEURON_ISA), so every code path is proven here.
 test-cpp: build
-	$(BUILD)/runtime_tests --gtest_brief=1
+	@for isa in $$($(PY) -c 'import openneuron._C as c; print(" ".join(c._host_isas()))'); do \
+	  echo "runtime_tests: OPENNEURON_ISA=$$isa"; \
+	  OPENNEURON_ISA=$$isa $(BUILD)/runtime_tests --gtest_brief=1 || exit 1; done
 
 test-python: build
 	$(PY) -m pytest tests/python
@@ -29,6 +32,10 @@ test-python: build
 # The whole suite again with adaptive eager on (it must change no result).
 test-fusion: build
 	TORCH_NEURONX_ENABLE_CONCATENATION=1 $(PY) -m pytest tests/python -q
+
+# The bitwise tests again under every OPENNEURON_ISA / ATEN_CPU_CAPABILITY / MKL code path.
+test-isa: build
+	bash scripts/test_isa_matrix.sh
 
 demo: build
 	$(PY) examples/03_train_gpt.py

@@ -18,6 +18,7 @@
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/hal.h"
+#include "runtime/isa.h"
 
 namespace openneuron::aten {
 namespace {
@@ -95,6 +96,23 @@ void bind_device(py::module_& m) {
   m.def(
       "_device_count", [] { return runtime::device_count(); }, "Never raises; 0 if invalid.");
   m.def("_config_error", &config_error, "The configuration error text, or None.");
+  // SIMD variant of the IR and native kernels (runtime/isa.h; OPENNEURON_ISA).
+  m.def("_isa", [] { return std::string(runtime::isa_name(runtime::isa())); });
+  m.def("_host_isas", [] {
+    std::vector<std::string> names;
+    for (runtime::Isa i : runtime::host_isas()) names.emplace_back(runtime::isa_name(i));
+    return names;
+  });
+  m.def(
+      "_set_isa",
+      [](const std::string& name) {
+        with_torch_errors([&] {
+          if (runtime_initialized())
+            for (int d = 0; d < runtime::device_count(); ++d) runtime::device_synchronize(d);
+          runtime::set_isa(runtime::parse_isa(name));
+        });
+      },
+      py::arg("name"), "Drains every device, then switches the variant (tests, benchmarks).");
   m.def("_get_device", [] { return runtime::device_current(); });
   m.def(
       "_set_device",

@@ -3,7 +3,7 @@
 // and the reduced-domain program (reduction results and what is computed from them). Each runs
 // over tiles of up to kChunkElems elements: rows x cols, cols along the innermost simplified dim.
 // The per-chunk loops (op kernels, loads, stores, accumulation) are compiled for AVX-512, AVX2
-// and baseline x86-64 (target_clones) and chosen at load time.
+// and baseline x86-64 (OPENNEURON_ISA_DISPATCH, runtime/isa.h) and the active variant is called.
 //
 // NOTE: errno is never read by the interpreter; without it GCC vectorizes sqrt/floor/etc.
 #pragma GCC optimize("no-math-errno")
@@ -21,14 +21,9 @@
 #include <vector>
 
 #include "ir/numeric.h"
+#include "runtime/isa.h"
 #include "runtime/parallel.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define OPENNEURON_IR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define OPENNEURON_IR_CLONES
-#endif
 #define OPENNEURON_IR_INLINE inline __attribute__((always_inline))
 
 namespace openneuron::ir {
@@ -66,7 +61,8 @@ Kind kind_of(DType dt) {
 
 // --- math hooks -----------------------------------------------------------------------------
 
-std::array<std::atomic<VecMathFn>, kNumOps> g_f32_unary{};
+// Float unary hooks by storage: [0] float32, [1] bfloat16, [2] float16 (Instr::round's codes).
+std::array<std::array<std::atomic<VecMathFn>, kNumOps>, 3> g_f32_unary{};
 std::array<std::atomic<VecMathFn2>, kNumOps> g_f32_binary{};
 std::array<std::atomic<VecMathFnF64>, kNumOps> g_f64_unary{};
 std::array<std::atomic<VecMathFn2F64>, kNumOps> g_f64_binary{};
@@ -101,8 +97,12 @@ template <class T>
 struct Hooks;
 template <>
 struct Hooks<float> {
-  static VecMathFn unary(Op op) {
-    return g_f32_unary[static_cast<int>(op)].load(std::memory_order_relaxed);
+  // round: the storage dtype's code; a bf16/f16 op without its own hook uses the float32 one.
+  static VecMathFn unary(Op op, uint8_t round) {
+    if (round != 0)
+      if (VecMathFn h = g_f32_unary[round][static_cast<int>(op)].load(std::memory_order_relaxed))
+        return h;
+    return g_f32_unary[0][static_cast<int>(op)].load(std::memory_order_relaxed);
   }
   static VecMathFn2 binary(Op op) {
     return g_f32_binary[static_cast<int>(op)].load(std::memory_order_relaxed);
@@ -110,7 +110,7 @@ struct Hooks<float> {
 };
 template <>
 struct Hooks<double> {
-  static VecMathFnF64 unary(Op op) {
+  static VecMathFnF64 unary(Op op, uint8_t /*round*/) {
     return g_f64_unary[static_cast<int>(op)].load(std::memory_order_relaxed);
   }
   static VecMathFn2F64 binary(Op op) {
@@ -368,8 +368,8 @@ OPENNEURON_IR_INLINE bool compare_op(const Instr& in, void* const* p, int64_t n)
 }
 
 template <class T, T (*F)(T)>
-OPENNEURON_IR_INLINE void std_or_hook(Op op, const void* a, void* y, int64_t n) {
-  if (auto h = Hooks<T>::unary(op)) {
+OPENNEURON_IR_INLINE void std_or_hook(Op op, uint8_t round, const void* a, void* y, int64_t n) {
+  if (auto h = Hooks<T>::unary(op, round)) {
     h(static_cast<const T*>(a), static_cast<T*>(y), n);
     return;
   }
@@ -487,58 +487,58 @@ OPENNEURON_IR_INLINE void float_op(const Instr& in, void* const* p, int64_t n) {
       map1<T, T>(a, y, n, [](T x) { return T(T(0) < x) - T(x < T(0)); });
       break;
     case Op::kReciprocal:
-      std_or_hook<T, f_reciprocal<T>>(in.op, a, y, n);
+      std_or_hook<T, f_reciprocal<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kExp:
-      std_or_hook<T, f_exp<T>>(in.op, a, y, n);
+      std_or_hook<T, f_exp<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kExp2:
-      std_or_hook<T, f_exp2<T>>(in.op, a, y, n);
+      std_or_hook<T, f_exp2<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kExpm1:
-      std_or_hook<T, f_expm1<T>>(in.op, a, y, n);
+      std_or_hook<T, f_expm1<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kLog:
-      std_or_hook<T, f_log<T>>(in.op, a, y, n);
+      std_or_hook<T, f_log<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kLog2:
-      std_or_hook<T, f_log2<T>>(in.op, a, y, n);
+      std_or_hook<T, f_log2<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kLog10:
-      std_or_hook<T, f_log10<T>>(in.op, a, y, n);
+      std_or_hook<T, f_log10<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kLog1p:
-      std_or_hook<T, f_log1p<T>>(in.op, a, y, n);
+      std_or_hook<T, f_log1p<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kSqrt:
-      std_or_hook<T, f_sqrt<T>>(in.op, a, y, n);
+      std_or_hook<T, f_sqrt<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kRsqrt:
-      std_or_hook<T, f_rsqrt<T>>(in.op, a, y, n);
+      std_or_hook<T, f_rsqrt<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kSin:
-      std_or_hook<T, f_sin<T>>(in.op, a, y, n);
+      std_or_hook<T, f_sin<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kCos:
-      std_or_hook<T, f_cos<T>>(in.op, a, y, n);
+      std_or_hook<T, f_cos<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kTan:
-      std_or_hook<T, f_tan<T>>(in.op, a, y, n);
+      std_or_hook<T, f_tan<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kAtan:
-      std_or_hook<T, f_atan<T>>(in.op, a, y, n);
+      std_or_hook<T, f_atan<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kTanh:
-      std_or_hook<T, f_tanh<T>>(in.op, a, y, n);
+      std_or_hook<T, f_tanh<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kSigmoid:
-      std_or_hook<T, f_sigmoid<T>>(in.op, a, y, n);
+      std_or_hook<T, f_sigmoid<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kErf:
-      std_or_hook<T, f_erf<T>>(in.op, a, y, n);
+      std_or_hook<T, f_erf<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kErfc:
-      std_or_hook<T, f_erfc<T>>(in.op, a, y, n);
+      std_or_hook<T, f_erfc<T>>(in.op, in.round, a, y, n);
       break;
     case Op::kFloor:
       map1<T, T>(a, y, n, [](T x) { return std::floor(x); });
@@ -787,8 +787,7 @@ OPENNEURON_IR_INLINE void cast_from(Kind to, const void* a, void* y, int64_t n) 
   }
 }
 
-OPENNEURON_IR_CLONES
-void run_instr(const Instr& in, void* const* p, int64_t n) {
+OPENNEURON_ISA_BODY void run_instr_body(const Instr& in, void* const* p, int64_t n) {
   if (in.op == Op::kCast) {
     switch (in.kind) {
       case Kind::kF32:
@@ -836,6 +835,7 @@ void run_instr(const Instr& in, void* const* p, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = numeric::round_f16(y[i]);
   }
 }
+OPENNEURON_ISA_DISPATCH(void, run_instr, (const Instr& in, void* const* p, int64_t n), (in, p, n))
 
 // Strided row copy with conversion: stride 1 (vectorized), 0 (broadcast) or any.
 template <class S, class D, class F>
@@ -868,8 +868,8 @@ T ident(T x) {
 }
 
 // Loads n elements of dtype dt at src (element stride st) into a compute-kind buffer.
-OPENNEURON_IR_CLONES
-void load_row(DType dt, const char* src, int64_t st, void* dst, int64_t n) {
+OPENNEURON_ISA_BODY void load_row_body(DType dt, const char* src, int64_t st, void* dst,
+                                       int64_t n) {
   switch (dt) {
     case DType::kFloat32:
       gather(reinterpret_cast<const float*>(src), st, static_cast<float*>(dst), n, ident<float>);
@@ -899,10 +899,13 @@ void load_row(DType dt, const char* src, int64_t st, void* dst, int64_t n) {
       break;
   }
 }
+OPENNEURON_ISA_DISPATCH(void, load_row,
+                        (DType dt, const char* src, int64_t st, void* dst, int64_t n),
+                        (dt, src, st, dst, n))
 
 // Stores n compute-kind elements to dtype dt at dst (element stride st).
-OPENNEURON_IR_CLONES
-void store_row(DType dt, const void* src, char* dst, int64_t st, int64_t n) {
+OPENNEURON_ISA_BODY void store_row_body(DType dt, const void* src, char* dst, int64_t st,
+                                        int64_t n) {
   switch (dt) {
     case DType::kFloat32:
       scatter(static_cast<const float*>(src), reinterpret_cast<float*>(dst), st, n, ident<float>);
@@ -933,6 +936,9 @@ void store_row(DType dt, const void* src, char* dst, int64_t st, int64_t n) {
       break;
   }
 }
+OPENNEURON_ISA_DISPATCH(void, store_row,
+                        (DType dt, const void* src, char* dst, int64_t st, int64_t n),
+                        (dt, src, dst, st, n))
 
 // --- reductions -----------------------------------------------------------------------------
 
@@ -1017,8 +1023,8 @@ OPENNEURON_IR_INLINE void accumulate_t(Op op, bool lanes, void* accp, const void
   }
 }
 
-OPENNEURON_IR_CLONES
-void accumulate(Kind kind, Op op, bool lanes, void* acc, const void* v, int64_t n) {
+OPENNEURON_ISA_BODY void accumulate_body(Kind kind, Op op, bool lanes, void* acc, const void* v,
+                                         int64_t n) {
   switch (kind) {
     case Kind::kF32:
       accumulate_t<float>(op, lanes, acc, v, n);
@@ -1037,6 +1043,9 @@ void accumulate(Kind kind, Op op, bool lanes, void* acc, const void* v, int64_t 
       break;
   }
 }
+OPENNEURON_ISA_DISPATCH(void, accumulate,
+                        (Kind kind, Op op, bool lanes, void* acc, const void* v, int64_t n),
+                        (kind, op, lanes, acc, v, n))
 
 template <class T>
 void fill_identity_t(Op op, void* acc, int64_t n) {
@@ -1686,11 +1695,18 @@ void execute(const Kernel& k, const int64_t* sizes, int ndim, const Operand* inp
     run_tiled(k, plan, sp, r_total);
 }
 
-void set_float_math(Op op, VecMathFn fn) {
+void set_float_math(Op op, VecMathFn fn, DType storage) {
   if (!hookable_unary(op))
     throw std::invalid_argument(std::string("ir::set_float_math: ") + op_name(op) +
                                 " has no math hook");
-  g_f32_unary[static_cast<int>(op)].store(fn, std::memory_order_relaxed);
+  const int slot = storage == DType::kFloat32    ? 0
+                   : storage == DType::kBFloat16 ? 1
+                   : storage == DType::kFloat16  ? 2
+                                                 : -1;
+  if (slot < 0)
+    throw std::invalid_argument(std::string("ir::set_float_math: storage dtype ") +
+                                dtype_name(storage) + " is not float32, bfloat16 or float16");
+  g_f32_unary[slot][static_cast<int>(op)].store(fn, std::memory_order_relaxed);
 }
 void set_float_math2(Op op, VecMathFn2 fn) {
   if (op != Op::kPow)

@@ -30,8 +30,11 @@ void execute(const Kernel& k, const int64_t* sizes, int ndim, const Operand* inp
              const Operand* outputs);
 
 // Math hooks: vector implementations of float32 (and float64) transcendentals. The interpreter
-// calls them on whole contiguous chunks of values (bf16/fp16 values: converted to float, hook,
-// rounded). nullptr restores the built-in default (std:: functions, element by element).
+// calls them on whole contiguous chunks of values. `storage` picks whose values a float hook
+// serves: float32 (default), or bfloat16 / float16 values (held as exactly representable floats;
+// the interpreter rounds the result) — eager computes those with other kernels than float32's,
+// so exact results need their own hook; a bf16/fp16 op without one uses the float32 hook.
+// nullptr restores the built-in default (std:: functions, element by element).
 // Set at start-up, before kernels run (reads are relaxed atomics). Unary ops: kExp, kExp2,
 // kExpm1, kLog, kLog2, kLog10, kLog1p, kSqrt, kRsqrt, kSin, kCos, kTan, kAtan, kTanh, kSigmoid,
 // kErf, kErfc, kReciprocal. Binary: kPow. Others throw std::invalid_argument.
@@ -39,7 +42,7 @@ using VecMathFn = void (*)(const float* x, float* y, int64_t n);
 using VecMathFn2 = void (*)(const float* a, const float* b, float* y, int64_t n);
 using VecMathFnF64 = void (*)(const double* x, double* y, int64_t n);
 using VecMathFn2F64 = void (*)(const double* a, const double* b, double* y, int64_t n);
-void set_float_math(Op op, VecMathFn fn);
+void set_float_math(Op op, VecMathFn fn, DType storage = DType::kFloat32);
 void set_float_math2(Op op, VecMathFn2 fn);
 void set_double_math(Op op, VecMathFnF64 fn);
 void set_double_math2(Op op, VecMathFn2F64 fn);

@@ -89,9 +89,8 @@ OPENNEURON_INLINE void step_flags(const AdamConfig& c, const Coeffs& k, const Ad
   }
 }
 
-OPENNEURON_KERNEL_TARGETS
-void step_chunk(const AdamConfig& c, const Coeffs& k, const AdamTensor& t, int64_t begin,
-                int64_t end) {
+OPENNEURON_ISA_BODY void step_chunk_body(const AdamConfig& c, const Coeffs& k, const AdamTensor& t,
+                                         int64_t begin, int64_t end) {
   switch (c.dtype) {
     case DType::F32:
       step_flags<F32>(c, k, t, begin, end);
@@ -104,6 +103,10 @@ void step_chunk(const AdamConfig& c, const Coeffs& k, const AdamTensor& t, int64
       break;
   }
 }
+OPENNEURON_ISA_DISPATCH(void, step_chunk,
+                        (const AdamConfig& c, const Coeffs& k, const AdamTensor& t, int64_t begin,
+                         int64_t end),
+                        (c, k, t, begin, end))
 
 }  // namespace
 

@@ -161,9 +161,9 @@ OPENNEURON_INLINE void forward_task(const AttentionArgs& a, const FwdLayout& l, 
   }
 }
 
-OPENNEURON_KERNEL_TARGETS
-void forward_range(const AttentionArgs& a, const FwdLayout& l, const void* q, const void* k,
-                   const void* v, void* out, float* lse, int64_t t0, int64_t t1, float* buf) {
+OPENNEURON_ISA_BODY void forward_range_body(const AttentionArgs& a, const FwdLayout& l,
+                                            const void* q, const void* k, const void* v, void* out,
+                                            float* lse, int64_t t0, int64_t t1, float* buf) {
   for (int64_t t = t0; t < t1; ++t) {
     switch (a.dtype) {
       case DType::F32:
@@ -178,6 +178,10 @@ void forward_range(const AttentionArgs& a, const FwdLayout& l, const void* q, co
     }
   }
 }
+OPENNEURON_ISA_DISPATCH(void, forward_range,
+                        (const AttentionArgs& a, const FwdLayout& l, const void* q, const void* k,
+                         const void* v, void* out, float* lse, int64_t t0, int64_t t1, float* buf),
+                        (a, l, q, k, v, out, lse, t0, t1, buf))
 
 struct BwdLayout {
   int64_t ldk, lde, ldv;  // keys padded, E padded, Ev padded
@@ -265,11 +269,12 @@ OPENNEURON_INLINE void backward_task(const AttentionArgs& a, const BwdLayout& l,
   }
 }
 
-OPENNEURON_KERNEL_TARGETS
-void backward_range(const AttentionArgs& a, const BwdLayout& l, const void* q, const void* k,
-                    const void* v, const void* out, const Strides4& os, const void* gout,
-                    const Strides4& gs, const float* lse, void* dq, void* dk, void* dv, int64_t t0,
-                    int64_t t1, float* buf) {
+OPENNEURON_ISA_BODY void backward_range_body(const AttentionArgs& a, const BwdLayout& l,
+                                             const void* q, const void* k, const void* v,
+                                             const void* out, const Strides4& os, const void* gout,
+                                             const Strides4& gs, const float* lse, void* dq,
+                                             void* dk, void* dv, int64_t t0, int64_t t1,
+                                             float* buf) {
   for (int64_t t = t0; t < t1; ++t) {
     switch (a.dtype) {
       case DType::F32:
@@ -284,6 +289,12 @@ void backward_range(const AttentionArgs& a, const BwdLayout& l, const void* q, c
     }
   }
 }
+OPENNEURON_ISA_DISPATCH(void, backward_range,
+                        (const AttentionArgs& a, const BwdLayout& l, const void* q, const void* k,
+                         const void* v, const void* out, const Strides4& os, const void* gout,
+                         const Strides4& gs, const float* lse, void* dq, void* dk, void* dv,
+                         int64_t t0, int64_t t1, float* buf),
+                        (a, l, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t0, t1, buf))
 
 }  // namespace
 

@@ -11,18 +11,19 @@ namespace openneuron::kernels {
 namespace {
 
 // logsumexp of row[0..n) (row is overwritten with exp(row - max)).
-OPENNEURON_KERNEL_TARGETS
-float row_lse(float* row, int64_t n) {
+OPENNEURON_ISA_BODY float row_lse_body(float* row, int64_t n) {
   const float m = max_f32(row, n);
   if (std::isinf(m)) return m;  // all -inf: -inf; any +inf: +inf (as ATen)
   for (int64_t k = 0; k < n; ++k) row[k] = exp_f32(row[k] - m);
   return m + std::log(sum_f32(row, n));
 }
+OPENNEURON_ISA_DISPATCH(float, row_lse, (float* row, int64_t n), (row, n))
 
-OPENNEURON_KERNEL_TARGETS
-void backward_row(float* row, int64_t n, float lse, float s) {
+OPENNEURON_ISA_BODY void backward_row_body(float* row, int64_t n, float lse, float s) {
   for (int64_t k = 0; k < n; ++k) row[k] = exp_f32(row[k] - lse) * s;
 }
+OPENNEURON_ISA_DISPATCH(void, backward_row, (float* row, int64_t n, float lse, float s),
+                        (row, n, lse, s))
 
 }  // namespace
 

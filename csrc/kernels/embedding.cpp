@@ -35,20 +35,31 @@ OPENNEURON_INLINE int64_t rows_block(const void* grad, const I* idx, int64_t n, 
   return bad;
 }
 
-#define OPENNEURON_EMBEDDING_BLOCK(I)                                                        \
-  OPENNEURON_KERNEL_TARGETS int64_t block_##I(                                               \
-      DType dt, const void* grad, const I* idx, int64_t n, int64_t dim, int64_t num_weights, \
-      int64_t padding_idx, void* out, int64_t k0, int64_t k1) {                              \
-    switch (dt) {                                                                            \
-      case DType::F32:                                                                       \
-        return rows_block<F32>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);    \
-      case DType::BF16:                                                                      \
-        return rows_block<BF16>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);   \
-      case DType::F16:                                                                       \
-        return rows_block<F16>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);    \
-    }                                                                                        \
-    return 0;                                                                                \
+template <class I>
+OPENNEURON_ISA_BODY int64_t block_body(DType dt, const void* grad, const I* idx, int64_t n,
+                                       int64_t dim, int64_t num_weights, int64_t padding_idx,
+                                       void* out, int64_t k0, int64_t k1) {
+  switch (dt) {
+    case DType::F32:
+      return rows_block<F32>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);
+    case DType::BF16:
+      return rows_block<BF16>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);
+    case DType::F16:
+      return rows_block<F16>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);
   }
+  return 0;
+}
+#define OPENNEURON_EMBEDDING_BLOCK(I)                                                         \
+  OPENNEURON_ISA_BODY int64_t block_##I##_body(                                               \
+      DType dt, const void* grad, const I* idx, int64_t n, int64_t dim, int64_t num_weights,  \
+      int64_t padding_idx, void* out, int64_t k0, int64_t k1) {                               \
+    return block_body<I>(dt, grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);       \
+  }                                                                                           \
+  OPENNEURON_ISA_DISPATCH(                                                                    \
+      int64_t, block_##I,                                                                     \
+      (DType dt, const void* grad, const I* idx, int64_t n, int64_t dim, int64_t num_weights, \
+       int64_t padding_idx, void* out, int64_t k0, int64_t k1),                               \
+      (dt, grad, idx, n, dim, num_weights, padding_idx, out, k0, k1))
 OPENNEURON_EMBEDDING_BLOCK(int64_t)
 OPENNEURON_EMBEDDING_BLOCK(int32_t)
 #undef OPENNEURON_EMBEDDING_BLOCK

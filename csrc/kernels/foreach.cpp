@@ -69,8 +69,8 @@ OPENNEURON_INLINE void apply_op(ForeachOp op, const ForeachTensor& t, int64_t b,
   }
 }
 
-OPENNEURON_KERNEL_TARGETS
-void apply_chunk(ForeachOp op, DType dt, const ForeachTensor& t, int64_t b, int64_t e) {
+OPENNEURON_ISA_BODY void apply_chunk_body(ForeachOp op, DType dt, const ForeachTensor& t, int64_t b,
+                                          int64_t e) {
   switch (dt) {
     case DType::F32:
       apply_op<F32>(op, t, b, e);
@@ -83,6 +83,9 @@ void apply_chunk(ForeachOp op, DType dt, const ForeachTensor& t, int64_t b, int6
       break;
   }
 }
+OPENNEURON_ISA_DISPATCH(void, apply_chunk,
+                        (ForeachOp op, DType dt, const ForeachTensor& t, int64_t b, int64_t e),
+                        (op, dt, t, b, e))
 
 }  // namespace
 

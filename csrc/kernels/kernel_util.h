@@ -1,13 +1,14 @@
 // Shared pieces of the hand-written kernels (csrc/kernels): element types and their float
 // conversions (bf16/fp16 round to nearest even, as c10 does), a vectorizable exp, lane-wise
-// reductions, and the target_clones attribute that compiles hot loops for AVX-512, AVX2 and the
-// baseline (picked at load time). No torch includes. Compute is always float32, as ATen's CPU
-// kernels do for low-precision inputs.
+// reductions; hot loops are compiled per SIMD variant through runtime/isa.h. No torch includes.
+// Compute is always float32, as ATen's CPU kernels do for low-precision inputs.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "runtime/isa.h"
 
 namespace openneuron::kernels {
 
@@ -25,15 +26,9 @@ inline const char* dtype_name(DType d) {
   return "?";
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-// One clone per ISA level (x86-64-v4: AVX-512; v3: AVX2 + FMA); the dynamic loader picks the
-// best one for this CPU. FMA is only used where a file allows contraction (attention.cpp).
-#define OPENNEURON_KERNEL_TARGETS \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define OPENNEURON_KERNEL_TARGETS
-#endif
+// Hot loops are OPENNEURON_ISA_BODY functions with an OPENNEURON_ISA_DISPATCH (runtime/isa.h):
+// compiled for x86-64-v4 (AVX-512), v3 (AVX2 + FMA) and the baseline; OPENNEURON_ISA or the CPU
+// picks one. FMA is only used where a file allows contraction (attention.cpp).
 #define OPENNEURON_INLINE __attribute__((always_inline)) inline
 
 OPENNEURON_INLINE uint32_t bits_of(float f) {

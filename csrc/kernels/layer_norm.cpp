@@ -9,10 +9,10 @@ namespace openneuron::kernels {
 namespace {
 
 // Per-chunk float buffers: a row and the weight / bias as float.
-OPENNEURON_KERNEL_TARGETS
-void forward_chunk(LayerNormTypes t, const void* x, const float* w, const float* b, void* y,
-                   void* mean, void* rstd, int64_t begin, int64_t end, int64_t n, float eps,
-                   float* row) {
+OPENNEURON_ISA_BODY void forward_chunk_body(LayerNormTypes t, const void* x, const float* w,
+                                            const float* b, void* y, void* mean, void* rstd,
+                                            int64_t begin, int64_t end, int64_t n, float eps,
+                                            float* row) {
   for (int64_t r = begin; r < end; ++r) {
     load_row(t.dtype, x, r * n, n, row);
     const float mu = sum_f32(row, n) / static_cast<float>(n);
@@ -39,12 +39,17 @@ void forward_chunk(LayerNormTypes t, const void* x, const float* w, const float*
     store_row(t.dtype, row, y, r * n, n);
   }
 }
+OPENNEURON_ISA_DISPATCH(void, forward_chunk,
+                        (LayerNormTypes t, const void* x, const float* w, const float* b, void* y,
+                         void* mean, void* rstd, int64_t begin, int64_t end, int64_t n, float eps,
+                         float* row),
+                        (t, x, w, b, y, mean, rstd, begin, end, n, eps, row))
 
 // dx for rows [begin, end) and this block's dweight / dbias partial sums (pw, pb may be null).
-OPENNEURON_KERNEL_TARGETS
-void backward_chunk(LayerNormTypes t, const void* dy, const void* x, const void* mean,
-                    const void* rstd, const float* w, void* dx, float* pw, float* pb, int64_t begin,
-                    int64_t end, int64_t n, float* g, float* xh) {
+OPENNEURON_ISA_BODY void backward_chunk_body(LayerNormTypes t, const void* dy, const void* x,
+                                             const void* mean, const void* rstd, const float* w,
+                                             void* dx, float* pw, float* pb, int64_t begin,
+                                             int64_t end, int64_t n, float* g, float* xh) {
   const float inv_n = 1.0f / static_cast<float>(n);
   for (int64_t r = begin; r < end; ++r) {
     load_row(t.dtype, dy, r * n, n, g);
@@ -65,6 +70,11 @@ void backward_chunk(LayerNormTypes t, const void* dy, const void* x, const void*
     store_row(t.dtype, g, dx, r * n, n);
   }
 }
+OPENNEURON_ISA_DISPATCH(void, backward_chunk,
+                        (LayerNormTypes t, const void* dy, const void* x, const void* mean,
+                         const void* rstd, const float* w, void* dx, float* pw, float* pb,
+                         int64_t begin, int64_t end, int64_t n, float* g, float* xh),
+                        (t, dy, x, mean, rstd, w, dx, pw, pb, begin, end, n, g, xh))
 
 std::vector<float> param_as_float(DType d, const void* p, int64_t n) {
   std::vector<float> out;

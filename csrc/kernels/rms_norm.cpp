@@ -9,9 +9,9 @@
 namespace openneuron::kernels {
 namespace {
 
-OPENNEURON_KERNEL_TARGETS
-void forward_chunk(RmsNormTypes t, const void* x, const float* w, void* y, float* rstd,
-                   int64_t begin, int64_t end, int64_t n, float eps, float* row) {
+OPENNEURON_ISA_BODY void forward_chunk_body(RmsNormTypes t, const void* x, const float* w, void* y,
+                                            float* rstd, int64_t begin, int64_t end, int64_t n,
+                                            float eps, float* row) {
   for (int64_t r = begin; r < end; ++r) {
     load_row(t.dtype, x, r * n, n, row);
     const float ms = dot_f32(row, row, n) / static_cast<float>(n);
@@ -25,12 +25,16 @@ void forward_chunk(RmsNormTypes t, const void* x, const float* w, void* y, float
     store_row(t.dtype, row, y, r * n, n);
   }
 }
+OPENNEURON_ISA_DISPATCH(void, forward_chunk,
+                        (RmsNormTypes t, const void* x, const float* w, void* y, float* rstd,
+                         int64_t begin, int64_t end, int64_t n, float eps, float* row),
+                        (t, x, w, y, rstd, begin, end, n, eps, row))
 
 // dx for rows [begin, end) and this block's dweight partial sums (pw may be null).
-OPENNEURON_KERNEL_TARGETS
-void backward_chunk(RmsNormTypes t, const void* dy, const void* x, const float* rstd,
-                    const float* w, void* dx, float* pw, int64_t begin, int64_t end, int64_t n,
-                    float* g, float* xh) {
+OPENNEURON_ISA_BODY void backward_chunk_body(RmsNormTypes t, const void* dy, const void* x,
+                                             const float* rstd, const float* w, void* dx, float* pw,
+                                             int64_t begin, int64_t end, int64_t n, float* g,
+                                             float* xh) {
   const float inv_n = 1.0f / static_cast<float>(n);
   for (int64_t r = begin; r < end; ++r) {
     load_row(t.dtype, dy, r * n, n, g);
@@ -47,6 +51,11 @@ void backward_chunk(RmsNormTypes t, const void* dy, const void* x, const float* 
     store_row(t.dtype, g, dx, r * n, n);
   }
 }
+OPENNEURON_ISA_DISPATCH(void, backward_chunk,
+                        (RmsNormTypes t, const void* dy, const void* x, const float* rstd,
+                         const float* w, void* dx, float* pw, int64_t begin, int64_t end, int64_t n,
+                         float* g, float* xh),
+                        (t, dy, x, rstd, w, dx, pw, begin, end, n, g, xh))
 
 std::vector<float> param_as_float(DType d, const void* p, int64_t n) {
   std::vector<float> out;

@@ -1,6 +1,7 @@
 // Parsing of the runtime's environment variables (NEURON_RT_VISIBLE_CORES,
-// OPENNEURON_DEVICE_MEMORY, NEURON_LAUNCH_BLOCKING) into a Config, and the byte formatting used
-// in user-facing messages. Reads the environment once; holds no other state.
+// OPENNEURON_DEVICE_MEMORY, NEURON_LAUNCH_BLOCKING; OPENNEURON_ISA is validated here, see isa.h)
+// into a Config, and the byte formatting used in user-facing messages. Reads the environment once;
+// holds no other state.
 #include "config.h"
 
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <limits>
 
 #include "errors.h"
+#include "isa.h"
 
 namespace openneuron::runtime {
 namespace {
@@ -208,6 +210,7 @@ const Config& config() {
     try {
       l.config = make_config(env("NEURON_RT_VISIBLE_CORES"), env("OPENNEURON_DEVICE_MEMORY"),
                              env("NEURON_LAUNCH_BLOCKING"), host_ram_bytes());
+      if (auto v = env("OPENNEURON_ISA")) parse_isa(*v);  // a value the CPU lacks is an error
     } catch (const ConfigError& e) {
       l.error = e.what();
     }

@@ -13,10 +13,12 @@
 //     value, rounded once (ATen's binary_op_scalar); add/sub round the scalar to bf16/fp16
 //     first (measured); a scalar FIRST operand in bf16/fp16 arithmetic: not fused.
 //   tanh exp log cos sqrt reciprocal (f32, bf16, f16), rsqrt and erf (f32 only): ATen's own
-//     float kernels run as the IR's math hooks (math_hooks.cpp); eager's results for these do
-//     not depend on position or layout (vml::v* with vector tails), and eager bf16/f16 equals
-//     float-then-round for all 65536 inputs (bf16/fp16 erf does not; bf16/fp16 rsqrt rounds
-//     sqrt first in its scalar tail, so eager depends on position: neither fused there).
+//     kernels run as the IR's math hooks (math_hooks.cpp), float32's for f32 values and the
+//     bf16/fp16 kernel itself for bf16/fp16 values (VML's float32 sqrt is not correctly rounded
+//     on every CPU / MKL code path, so float-then-round is not eager's bf16/fp16 result
+//     everywhere); eager's results for these do not depend on position or layout (vector
+//     tails). bf16/fp16 rsqrt rounds sqrt first in its scalar tail, so eager depends on
+//     position: not fused there; bf16/fp16 erf: not fused (not needed by any model measured).
 //   pow(x, 2) / pow(x, 3): ATen multiplies (x*x, x*x*x, each product rounded) for f32, f64,
 //     bf16; fp16 pow calls std::pow: not fused.
 //   addcmul / addcdiv / lerp (scalar weight), f32 only: measured forms, position-independent

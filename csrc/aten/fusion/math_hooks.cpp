@@ -9,7 +9,8 @@
 // vms<Op>(n, in, out, VML_HA | VML_FTZDAZ_OFF | VML_ERRMODE_IGNORE) on this MKL-enabled build, so
 // calling it on a chunk gives eager's bits without the TensorIterator/DispatchStub overhead
 // (which cost more than the math on 1024-element chunks). Checked against torch's CPU ops on
-// every float32 bit pattern (notes/bandwidth.md) and in tests/python/test_fusion_math.py.
+// every float32 bit pattern in tests/python/test_fusion_math.py.
+// bf16/fp16 values run ATen's kernel for that dtype (run_stub_as): eager never uses VML there.
 // NOTE: rsqrt/reciprocal (not MKL in ATen) and builds without MKL keep the stub path: a
 // TensorIterator per chunk length is built once per thread and re-pointed at each chunk
 // (unsafe_replace_operand), so a call costs the kernel plus a few hundred nanoseconds.
@@ -25,6 +26,7 @@
 
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "ir/execute.h"
 
@@ -58,62 +60,96 @@ void run_vml(const float* x, float* y, int64_t n) {
 
 using StubCall = void (*)(at::TensorIteratorBase&);
 
+// A TensorIterator over one chunk length of dtype S, built once per thread and re-pointed at
+// each chunk (unsafe_replace_operand).
+template <class S>
 struct Cached {
   at::Tensor in, out;
   std::unique_ptr<at::TensorIterator> iter;
 };
 
-template <StubCall kCall>
-void run_stub(const float* x, float* y, int64_t n) {
-  if (n <= 0) return;
-  thread_local std::unordered_map<int64_t, Cached> cache;
+template <class S>
+at::TensorIterator& chunk_iter(int64_t n) {
+  thread_local std::unordered_map<int64_t, Cached<S>> cache;
   auto it = cache.find(n);
   if (it == cache.end()) {
     if (cache.size() > 256) cache.clear();
-    Cached c;
-    c.in = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
-    c.out = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
+    Cached<S> c;
+    const auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<S>::value);
+    c.in = at::empty({n}, opts);
+    c.out = at::empty({n}, opts);
     c.iter = std::make_unique<at::TensorIterator>(
         at::TensorIteratorConfig().add_output(c.out).add_const_input(c.in).build());
     it = cache.emplace(n, std::move(c)).first;
   }
-  at::TensorIterator& iter = *it->second.iter;
+  return *it->second.iter;
+}
+
+template <StubCall kCall>
+void run_stub(const float* x, float* y, int64_t n) {
+  if (n <= 0) return;
+  at::TensorIterator& iter = chunk_iter<float>(n);
   iter.unsafe_replace_operand(0, y);
   iter.unsafe_replace_operand(1, const_cast<float*>(x));
   kCall(iter);
 }
 
-#ifndef OPENNEURON_DIRECT_VML
+// bf16/fp16 values: eager runs the op's kernel for that dtype (ATen's Vectorized<Half> /
+// <BFloat16> math, never MKL VML, whose float32 results differ between CPU vendors and MKL code
+// paths: VML's sqrt is not correctly rounded on some), so run exactly that kernel on the chunk.
+// The chunk's floats are exactly representable in S, so both conversions are exact.
+template <class S, StubCall kCall>
+void run_stub_as(const float* x, float* y, int64_t n) {
+  if (n <= 0) return;
+  thread_local std::vector<S> in, out;
+  if (static_cast<int64_t>(in.size()) < n) {
+    in.resize(static_cast<size_t>(n));
+    out.resize(static_cast<size_t>(n));
+  }
+  for (int64_t i = 0; i < n; ++i) in[i] = static_cast<S>(x[i]);
+  at::TensorIterator& iter = chunk_iter<S>(n);
+  iter.unsafe_replace_operand(0, out.data());
+  iter.unsafe_replace_operand(1, in.data());
+  kCall(iter);
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(out[i]);
+}
+
 void tanh_call(at::TensorIteratorBase& i) { at::native::tanh_stub(c10::DeviceType::CPU, i); }
 void exp_call(at::TensorIteratorBase& i) { at::native::exp_stub(c10::DeviceType::CPU, i); }
 void log_call(at::TensorIteratorBase& i) { at::native::log_stub(c10::DeviceType::CPU, i); }
 void cos_call(at::TensorIteratorBase& i) { at::native::cos_stub(c10::DeviceType::CPU, i); }
 void erf_call(at::TensorIteratorBase& i) { at::native::erf_stub(c10::DeviceType::CPU, i); }
 void sqrt_call(at::TensorIteratorBase& i) { at::native::sqrt_stub(c10::DeviceType::CPU, i); }
-#endif
 void rsqrt_call(at::TensorIteratorBase& i) { at::native::rsqrt_stub(c10::DeviceType::CPU, i); }
 void reciprocal_call(at::TensorIteratorBase& i) {
   at::native::reciprocal_stub(c10::DeviceType::CPU, i);
 }
 
+template <StubCall kCall>
+void install(ir::Op op, ir::VecMathFn f32) {
+  ir::set_float_math(op, f32);
+  ir::set_float_math(op, &run_stub_as<c10::BFloat16, kCall>, ir::DType::kBFloat16);
+  ir::set_float_math(op, &run_stub_as<c10::Half, kCall>, ir::DType::kFloat16);
+}
+
 const bool kInstalled = [] {
 #ifdef OPENNEURON_DIRECT_VML
-  ir::set_float_math(ir::Op::kTanh, &run_vml<&vmsTanh>);
-  ir::set_float_math(ir::Op::kExp, &run_vml<&vmsExp>);
-  ir::set_float_math(ir::Op::kLog, &run_vml<&vmsLn>);
-  ir::set_float_math(ir::Op::kCos, &run_vml<&vmsCos>);
-  ir::set_float_math(ir::Op::kErf, &run_vml<&vmsErf>);
-  ir::set_float_math(ir::Op::kSqrt, &run_vml<&vmsSqrt>);
+  install<&tanh_call>(ir::Op::kTanh, &run_vml<&vmsTanh>);
+  install<&exp_call>(ir::Op::kExp, &run_vml<&vmsExp>);
+  install<&log_call>(ir::Op::kLog, &run_vml<&vmsLn>);
+  install<&cos_call>(ir::Op::kCos, &run_vml<&vmsCos>);
+  install<&erf_call>(ir::Op::kErf, &run_vml<&vmsErf>);
+  install<&sqrt_call>(ir::Op::kSqrt, &run_vml<&vmsSqrt>);
 #else
-  ir::set_float_math(ir::Op::kTanh, &run_stub<&tanh_call>);
-  ir::set_float_math(ir::Op::kExp, &run_stub<&exp_call>);
-  ir::set_float_math(ir::Op::kLog, &run_stub<&log_call>);
-  ir::set_float_math(ir::Op::kCos, &run_stub<&cos_call>);
-  ir::set_float_math(ir::Op::kErf, &run_stub<&erf_call>);
-  ir::set_float_math(ir::Op::kSqrt, &run_stub<&sqrt_call>);
+  install<&tanh_call>(ir::Op::kTanh, &run_stub<&tanh_call>);
+  install<&exp_call>(ir::Op::kExp, &run_stub<&exp_call>);
+  install<&log_call>(ir::Op::kLog, &run_stub<&log_call>);
+  install<&cos_call>(ir::Op::kCos, &run_stub<&cos_call>);
+  install<&erf_call>(ir::Op::kErf, &run_stub<&erf_call>);
+  install<&sqrt_call>(ir::Op::kSqrt, &run_stub<&sqrt_call>);
 #endif
-  ir::set_float_math(ir::Op::kRsqrt, &run_stub<&rsqrt_call>);
-  ir::set_float_math(ir::Op::kReciprocal, &run_stub<&reciprocal_call>);
+  install<&rsqrt_call>(ir::Op::kRsqrt, &run_stub<&rsqrt_call>);
+  install<&reciprocal_call>(ir::Op::kReciprocal, &run_stub<&reciprocal_call>);
   return true;
 }();
 

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the bitwise tests (adaptive eager vs eager, fused math vs CPU, native kernels) once per
+# code path this host can take that changes what the IR, the native kernels or ATen compute:
+# each OPENNEURON_ISA variant the CPU supports, ATen's ATEN_CPU_CAPABILITY levels and MKL's
+# code paths (MKL_ENABLE_INSTRUCTIONS; VML's float32 results differ between them). The default
+# path already ran in `make test-python`. Called by `make test-isa` (part of `make test`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+FILES=(tests/python/test_fusion.py tests/python/test_fusion_math.py
+       tests/python/test_native_kernels.py tests/python/test_native_norms.py)
+read -r -a isas <<<"$($PY -c 'import openneuron._C as c; print(" ".join(c._host_isas()))')"
+default_isa="$($PY -c 'import openneuron._C as c; print(c._isa())')"
+echo "isa-matrix: this CPU supports OPENNEURON_ISA=${isas[*]} (default $default_isa)"
+
+run() {
+  echo "isa-matrix: $* pytest ${FILES[*]##*/}"
+  env "$@" "$PY" -m pytest -q "${FILES[@]}"
+}
+
+for isa in "${isas[@]}"; do
+  [ "$isa" = "$default_isa" ] || run OPENNEURON_ISA="$isa"
+done
+# ATen picks min(requested, CPU); levels the CPU lacks would repeat the default run.
+for cap in default avx2; do
+  run ATEN_CPU_CAPABILITY="$cap"
+done
+# MKL's own dispatch (VML's tanh/exp/log/cos/erf/sqrt in eager and in fused float32 kernels).
+for mkl in SSE4_2 AVX2; do
+  run MKL_ENABLE_INSTRUCTIONS="$mkl"
+done
+echo "isa-matrix: every variant passed"
