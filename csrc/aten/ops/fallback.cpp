@@ -7,9 +7,11 @@
 
 #include <ATen/core/op_registration/adaption.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <cstring>
+#include <string>
 
 #include "aten/errors.h"
 #include "aten/fusion/fusion.h"
@@ -75,6 +77,26 @@ c10::Device check_devices(OpInfo& info, torch::jit::Stack& stack, size_t first) 
   return device;
 }
 
+// Drops ATen's "An output with one or more elements was resized" deprecation warning and passes
+// every other warning on. NOTE: out= args reach the CPU kernel already in the final geometry the
+// meta kernel gave them (run_async restrides them at dispatch), so that warning can only come
+// from a kernel that resizes its out to an intermediate shape first: structured mse_loss.out and
+// smooth_l1_loss.out build a broadcast TensorIterator on out, then resize it to []. CPU and CUDA
+// never show it (their functional kernels allocate their own result); neuron gets every
+// functional structured op as .out (ATen's CompositeExplicitAutogradNonFunctional wrapper), so it
+// printed on every training step. A wrong final shape still fails loudly (fix_output).
+class ResizeWarningFilter : public c10::WarningHandler {
+ public:
+  explicit ResizeWarningFilter(c10::WarningHandler* next) : next_(next) {}
+  void process(const c10::Warning& w) override {
+    if (w.msg().find("was resized since it had shape") != std::string::npos) return;
+    next_->process(w);
+  }
+
+ private:
+  c10::WarningHandler* next_;
+};
+
 // Work state: the CPU stack and everything that must outlive dispatch.
 struct Launch {
   // A device tensor whose CPU view is made on the executor thread, from the geometry captured
@@ -102,7 +124,13 @@ struct Launch {
       if (d.written) written.emplace_back(view, &d);
       (d.target ? copy_targets[d.slot] : stack[d.slot]) = c10::IValue(std::move(view));
     }
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    if (written.empty()) {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    } else {
+      ResizeWarningFilter filter(c10::WarningUtils::get_warning_handler());
+      c10::WarningUtils::WarningHandlerGuard guard(&filter);
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    }
     for (const auto& [view, d] : written) fix_output(view, *d);
     for (size_t r = 0; r < copy_targets.size() && r < stack.size(); ++r)
       copy_result(copy_targets[r], stack[r]);
