@@ -98,28 +98,31 @@ inline void* ptr_of(const at::Tensor& t) {
 
 // How a native kernel registered at AutogradPrivateUse1 (native_norms.cpp) runs for its inputs:
 //  kDirect: real neuron tensors and no TorchDispatchMode: the kernel is enqueued directly;
-//  kOp: tracing (FakeTensor, functionalization, torch.func wrappers, any dispatch mode active:
+//  kOp: tracing (FakeTensor, functionalization, any dispatch mode active:
 //       Dynamo, AOTAutograd, torch.export): the kernel's openneuron:: op is called through the
 //       dispatcher, whose Meta kernel gives FakeTensors their shapes and which stays one node of
 //       the traced graph (the PrivateUse1 kernel runs it when the graph runs);
-//  kComposite: a Python tensor subclass outside tracing (e.g. DTensor): ATen's composite, whose
-//       smaller ops the subclass knows.
+//  kComposite: a Python tensor subclass outside tracing (e.g. DTensor) or a torch.func wrapper:
+//       ATen's composite, whose smaller ops the subclass / transform knows.
 enum class NativeRoute { kDirect, kOp, kComposite };
 
 inline NativeRoute native_route(std::initializer_list<const at::Tensor*> tensors) {
-  // Keys of tensors whose data is not (directly) a neuron device buffer.
+  // torch.func wrappers: functorch refuses C++ autograd Functions (composite, as on CPU).
+  static const c10::DispatchKeySet kFuncTorch({c10::DispatchKey::FuncTorchGradWrapper,
+                                               c10::DispatchKey::FuncTorchBatched,
+                                               c10::DispatchKey::BatchedNestedTensor});
+  // Tensors whose data is not (directly) a neuron device buffer.
   static const c10::DispatchKeySet kWrapped(
-      {c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
-       c10::DispatchKey::FuncTorchGradWrapper, c10::DispatchKey::FuncTorchBatched,
-       c10::DispatchKey::BatchedNestedTensor});
-  if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return NativeRoute::kOp;
+      {c10::DispatchKey::Python, c10::DispatchKey::Functionalize});
   bool wrapped = false, python = false;
   for (const at::Tensor* t : tensors) {
     if (!t->defined()) continue;
     const c10::DispatchKeySet ks = t->key_set();
+    if (ks.has_any(kFuncTorch)) return NativeRoute::kComposite;
     wrapped |= ks.has_any(kWrapped);
     python |= ks.has(c10::DispatchKey::Python);
   }
+  if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return NativeRoute::kOp;
   if (!wrapped) return NativeRoute::kDirect;
   return python ? NativeRoute::kComposite : NativeRoute::kOp;
 }
