@@ -103,7 +103,14 @@ def sdpa_both(q, k, v, dtype, grads=True, **kw):
     cpu = [t.to(dtype).clone().requires_grad_(grads) for t in (q, k, v)]
     dev = [t.to(dtype).to(DEV).requires_grad_(grads) for t in (q, k, v)]
     kw_dev = {k2: (v2.to(DEV) if isinstance(v2, torch.Tensor) else v2) for k2, v2 in kw.items()}
-    oc = F.scaled_dot_product_attention(*cpu, **kw)
+    try:
+        oc = F.scaled_dot_product_attention(*cpu, **kw)
+    except RuntimeError as err:  # the CPU reference itself, not neuron
+        if "pack_vnni2" not in str(err):
+            raise
+        pytest.skip("no CPU reference: ATen's bf16 flash attention raises 'pack_vnni2 is only "
+                    "supported when avx512 is supported' under ATEN_CPU_CAPABILITY=default on "
+                    "an AMX host (a PyTorch limitation)")
     on = F.scaled_dot_product_attention(*dev, **kw_dev)
     out_c, out_n = [oc.detach()], [on]
     if grads:

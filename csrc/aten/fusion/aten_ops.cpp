@@ -24,13 +24,16 @@
 //   addcmul / addcdiv / lerp (scalar weight), f32 only: measured forms, position-independent
 //     in eager: addcmul = fma(value * t1, t2, self) (the compiler contracts it), addcdiv =
 //     self + (value * t1) / t2, lerp = fma(w, end - self, self) for |w| < 0.5 else
-//     fma(w - 1, end - self, end) (ATen's lerp_vec).
+//     fma(w - 1, end - self, end) (ATen's lerp_vec). Those fma forms are ATen's AVX2/AVX-512
+//     kernels; with ATEN_CPU_CAPABILITY=default (or a CPU without AVX2) eager rounds the
+//     product first, so addcmul and lerp are not fused there (found by make test-isa).
 //   In-place ops: on a pending result, or on a group input whose every load has exactly the
 //     written geometry (the kernel reads each element before writing it); else a boundary.
 //   NOT fused: sigmoid, silu, gelu, log1p (scalar tails: eager differs by position),
 //     maximum/minimum (eager's signed-zero result differs between vector and scalar paths),
 //     sin in fp16, every reduction (ATen's sum order is not reproducible; amax is, but a
 //     reduction closes the group here for simplicity), in-place ops, f64 transcendentals.
+#include <ATen/Version.h>
 #include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 
@@ -90,6 +93,12 @@ struct Spec {
   Result result;
   int8_t param = -1;  // arg index of addcmul/addcdiv's value or lerp's weight
 };
+
+// ATen's CPU kernels for addcmul / lerp contract to fma only at its AVX2 / AVX-512 levels.
+bool aten_vectorized_fma() {
+  static const bool yes = at::get_cpu_capability() != "DEFAULT";  // "AVX2", "AVX512", ...
+  return yes;
+}
 
 const Spec kSpecs[] = {
     {"aten::neg.out", Fn::kNeg, 1, -1, -1, false, kNumeric, Result::kCompute},
@@ -298,6 +307,8 @@ bool try_record_boxed(const c10::OperatorHandle& op, OpInfo& info, torch::jit::S
   if (spec->result == Result::kFloat && !at::isFloatingType(ct))
     ct = c10::typeMetaToScalarType(c10::get_default_dtype());
   if ((mask_of(ct) & spec->dtypes) == 0) return decline();
+  if ((spec->fn == Fn::kAddcmul || spec->fn == Fn::kLerp) && !aten_vectorized_fma())
+    return decline();
   if (is_reduced(ct) && spec->nin == 2 && spec->result != Result::kBool) {
     if (scalar[0]) return decline();
     r.scalar_opmath = scalar[1] && (r.fn == Fn::kMul || r.fn == Fn::kDiv);
