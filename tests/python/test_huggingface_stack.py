@@ -96,8 +96,8 @@ def test_trainer_bf16_uses_neuron_autocast(tmp_path, cpu_fp32):
 
 
 def test_trainer_torch_compile_picks_neuron_backend(tmp_path, cpu_fp32):
-    # NOTE: eager attention: the SDPA op's output strides differ from its meta (see README).
-    got = _trainer(tmp_path, use_cpu=False, compile=True, attn="eager")
+    # default (SDPA) attention: the native SDPA op's results have the layouts its meta gives
+    got = _trainer(tmp_path, use_cpu=False, compile=True)
     assert got["backend"] == "neuron" and got["params"] == ["neuron:0"]
     assert got["losses"] == pytest.approx(cpu_fp32["losses"], rel=1e-4)
 

@@ -161,9 +161,8 @@ class Block(nn.Module):
     def forward(s, x):
         B, T, D = x.shape
         q, k, v = s.qkv(s.n1(x)).view(B, T, 3, s.h, D // s.h).permute(2, 0, 3, 1, 4)
-        # NOTE: .contiguous(): the SDPA kernel's output is contiguous, ATen's meta gives it q's
-        # layout; a permuted q breaks the compiled graph's view (left for native_attention.cpp)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        # a permuted q: the SDPA result must have the layout ATen's meta gives it (q's), or the
+        # compiled graph's view after it fails
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + s.proj(a.transpose(1, 2).reshape(B, T, D))
         return x + s.mlp(F.gelu(s.n2(x)))

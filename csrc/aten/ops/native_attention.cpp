@@ -10,6 +10,8 @@
 #include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
+#include <array>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -73,6 +75,31 @@ at::Tensor additive_mask(const at::Tensor& bias, const at::Tensor& q) {
   TORCH_CHECK(float_kind(bias), "scaled_dot_product_attention (neuron): attn_mask must be bool ",
               "or float32/bfloat16/float16, got ", bias.scalar_type());
   return bias;
+}
+
+// The result in the layout ATen's meta kernels give (torch/_meta_registrations.py:
+// alloc_with_matching_layout for the output, empty_like for the gradients): compiled graphs
+// trust those strides (a view after a permuted query failed). The kernels write dense
+// [B, H, N, D]; an async device copy moves them when the layouts differ.
+at::Tensor in_meta_layout(const at::Tensor& like, const at::Tensor& dense) {
+  at::Tensor res;
+  if (like.sizes() == dense.sizes()) {
+    res = at::empty_like(like);
+  } else {
+    std::array<int64_t, 4> order{0, 1, 2, 3};
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+    std::array<int64_t, 4> strides{};
+    int64_t stride = 1;
+    for (int i = 3; i >= 0; --i) {
+      strides[order[i]] = stride;
+      stride *= dense.size(order[i]);
+    }
+    res = at::empty_strided(dense.sizes(), strides, dense.options());
+  }
+  if (res.strides() == dense.strides()) return dense;
+  res.copy_(dense);
+  return res;
 }
 
 at::Tensor last_dim_contiguous(const at::Tensor& t) {
@@ -200,8 +227,8 @@ SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at
     float* lp = static_cast<float*>(ptr_of(lse));
     enqueue_native(info, q.device(), [=] { kernels::attention_forward(a, qp, kp, vp, op, lp); });
   }
-  return {out,  lse,    at::Tensor(), at::Tensor(), c10::SymInt(a.L), c10::SymInt(a.S),
-          seed, offset, at::Tensor()};
+  return {in_meta_layout(query, out), lse,  at::Tensor(), at::Tensor(), c10::SymInt(a.L),
+          c10::SymInt(a.S),           seed, offset,       at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
@@ -263,8 +290,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
       kernels::attention_backward(a, qp, kp, vp, op, os, gp, gs, lp, dqp, dkp, dvp);
     });
   }
-  return {grad_input_mask[0] ? dq : at::Tensor(), grad_input_mask[1] ? dk : at::Tensor(),
-          grad_input_mask[2] ? dv : at::Tensor(), at::Tensor()};
+  return {grad_input_mask[0] ? in_meta_layout(query, dq) : at::Tensor(),
+          grad_input_mask[1] ? in_meta_layout(key, dk) : at::Tensor(),
+          grad_input_mask[2] ? in_meta_layout(value, dv) : at::Tensor(), at::Tensor()};
 }
 
 }  // namespace
