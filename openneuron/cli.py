@@ -21,15 +21,24 @@ def _fmt_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+_DEFAULTS = {
+    "NEURON_RT_VISIBLE_CORES": "default: 4 devices",
+    "OPENNEURON_DEVICE_MEMORY": "default: host RAM split across devices",
+}
+
+
 def _config_source() -> list[str]:
-    cores = os.environ.get("NEURON_RT_VISIBLE_CORES")
-    memory = os.environ.get("OPENNEURON_DEVICE_MEMORY")
-    return [
-        f"NEURON_RT_VISIBLE_CORES={cores}" if cores is not None
-        else "NEURON_RT_VISIBLE_CORES unset (default: 4 devices)",
-        f"OPENNEURON_DEVICE_MEMORY={memory}" if memory is not None
-        else "OPENNEURON_DEVICE_MEMORY unset (default: host RAM split across devices)",
-    ]
+    """The device configuration lines, and every other variable that is set, as the backend read
+    them (its settings module reads each once)."""
+    from openneuron import _C
+
+    lines = []
+    for name, value, _meaning in _C._settings():
+        if value is not None:
+            lines.append(f"{name}={value}")
+        elif name in _DEFAULTS:
+            lines.append(f"{name} unset ({_DEFAULTS[name]})")
+    return lines
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

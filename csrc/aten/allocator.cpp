@@ -23,6 +23,7 @@
 #include "aten/origin_capture.h"
 #include "aten/streams.h"
 #include "runtime/caching_allocator.h"
+#include "runtime/config.h"
 #include "runtime/host_allocator.h"
 
 namespace openneuron::aten {
@@ -34,13 +35,7 @@ using C10Stats = c10::CachingDeviceAllocator::DeviceStats;
 // NOTE: the only per-allocation cost of memory history when it is off: one relaxed load.
 std::atomic<bool> g_record_history{false};
 
-const std::string& oom_snapshot_path() {
-  static const std::string path = [] {
-    const char* v = std::getenv("OPENNEURON_OOM_SNAPSHOT");
-    return std::string(v ? v : "");
-  }();
-  return path;
-}
+const std::string& oom_snapshot_path() { return runtime::config_or_defaults().oom_snapshot; }
 
 // Writes the OOM snapshot (Python: openneuron.neuron.memory._dump_oom_snapshot) and returns the
 // sentence to append to the error. Only on a Python thread: an executor thread must never wait

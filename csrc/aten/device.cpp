@@ -12,6 +12,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "aten/bindings.h"
 #include "aten/errors.h"
@@ -96,6 +98,16 @@ void bind_device(py::module_& m) {
   m.def(
       "_device_count", [] { return runtime::device_count(); }, "Never raises; 0 if invalid.");
   m.def("_config_error", &config_error, "The configuration error text, or None.");
+  m.def(
+      "_settings",
+      [] {
+        std::vector<std::tuple<std::string, std::optional<std::string>, std::string>> out;
+        const auto& values = runtime::setting_values();
+        for (size_t i = 0; i < runtime::settings().size(); ++i)
+          out.emplace_back(runtime::settings()[i].name, values[i], runtime::settings()[i].meaning);
+        return out;
+      },
+      "Every environment variable the backend reads: (name, value as read or None, meaning).");
   // SIMD variant of the IR and native kernels (runtime/isa.h; OPENNEURON_ISA).
   m.def("_isa", [] { return std::string(runtime::isa_name(runtime::isa())); });
   m.def("_host_isas", [] {

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/config.h"
 #include "runtime/origin.h"
 
 namespace openneuron::aten {
@@ -79,10 +80,7 @@ size_t fast_slot(const void* code, int lasti) {
 }
 
 bool enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("OPENNEURON_ORIGIN");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = runtime::config_or_defaults().origin;
   return on;
 }
 

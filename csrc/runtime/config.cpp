@@ -1,7 +1,6 @@
-// Parsing of the runtime's environment variables (NEURON_RT_VISIBLE_CORES,
-// OPENNEURON_DEVICE_MEMORY, NEURON_LAUNCH_BLOCKING; OPENNEURON_ISA is validated here, see isa.h)
-// into a Config, and the byte formatting used in user-facing messages. Reads the environment once;
-// holds no other state.
+// The settings module: the table of every environment variable, their parsing into a Config
+// (OPENNEURON_ISA's too, see isa.h), and the byte formatting used in user-facing messages. Reads
+// the environment once; holds no other state.
 #include "config.h"
 
 #include <unistd.h>
@@ -90,15 +89,35 @@ double unit_multiplier(const std::string& unit) {
   return 0.0;
 }
 
-bool parse_flag(const std::string& value) {
+// 1/0, true/false, yes/no, on/off (any case); empty is "unset" (def).
+bool parse_flag(const char* var, const std::string& value, bool def) {
   const std::string v = trim(value);
-  if (v.empty() || v == "0" || iequals(v, "false") || iequals(v, "no") || iequals(v, "off")) {
-    return false;
-  }
+  if (v.empty()) return def;
+  if (v == "0" || iequals(v, "false") || iequals(v, "no") || iequals(v, "off")) return false;
   if (v == "1" || iequals(v, "true") || iequals(v, "yes") || iequals(v, "on")) return true;
-  throw ConfigError("NEURON_LAUNCH_BLOCKING=\"" + value +
-                    "\" is invalid: expected 1 (run every op synchronously) or 0, e.g. "
-                    "NEURON_LAUNCH_BLOCKING=1.");
+  bad_value(var, value, "it is not a switch", "expected 1 or 0 (also true/false, on/off, yes/no)");
+}
+
+// A positive decimal integer at most max; empty is "unset" (0).
+int64_t parse_count(const char* var, const std::string& value, int64_t max) {
+  const std::string v = trim(value);
+  if (v.empty()) return 0;
+  const char* form = "expected a positive whole number, e.g. 1000";
+  if (!std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    bad_value(var, value, "it is not a whole number", form);
+  if (v.size() > 15 || std::stoll(v) > max)
+    bad_value(var, value, "it exceeds " + std::to_string(max), form);
+  if (std::stoll(v) == 0) bad_value(var, value, "it is zero", form);
+  return std::stoll(v);
+}
+
+FallbackMode parse_fallback(const std::string& value) {
+  const std::string v = trim(value);
+  if (v.empty() || iequals(v, "warn")) return FallbackMode::kWarn;
+  if (iequals(v, "silent")) return FallbackMode::kSilent;
+  if (iequals(v, "error")) return FallbackMode::kError;
+  bad_value("OPENNEURON_FALLBACK", value, "unknown mode",
+            "expected warn (the default: warn once per op), silent or error");
 }
 
 // Physical memory, or the container's cgroup v2 limit when that is lower.
@@ -116,13 +135,76 @@ uint64_t host_ram_bytes() {
   return ram;
 }
 
-std::optional<std::string> env(const char* name) {
+std::optional<std::string> process_env(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr) return std::nullopt;
   return std::string(v);
 }
 
+struct Loaded {
+  Config config;
+  std::string error;
+  std::vector<std::optional<std::string>> values;  // parallel to settings()
+};
+
+const Loaded& loaded() {
+  static const Loaded l = [] {
+    Loaded r;
+    for (const Setting& s : settings()) r.values.push_back(process_env(s.name));
+    try {
+      r.config = make_config(process_env, host_ram_bytes());
+    } catch (const ConfigError& e) {
+      r.error = e.what();
+      r.config =
+          make_config([](const char*) { return std::optional<std::string>(); }, host_ram_bytes());
+    }
+    return r;
+  }();
+  return l;
+}
+
 }  // namespace
+
+const std::vector<Setting>& settings() {
+  static const std::vector<Setting> kSettings = {
+      {"NEURON_RT_VISIBLE_CORES", "which NeuronCores this process sees, e.g. 0-3 (default 0-3)"},
+      {"OPENNEURON_DEVICE_MEMORY", "memory per device, e.g. 8GiB (default: host RAM / devices)"},
+      {"NEURON_LAUNCH_BLOCKING", "1: every op runs as it is issued (debugging; fusion off)"},
+      {"OPENNEURON_ISA", "baseline|avx2|avx512: the SIMD variant of our kernels (default: best)"},
+      {"OPENNEURON_FALLBACK", "warn|silent|error: what the synchronous CPU fallback does"},
+      {"OPENNEURON_NATIVE_KERNELS", "0: ATen's CPU kernels instead of the native ones"},
+      {"OPENNEURON_ORIGIN", "0: no Python line in asynchronous error reports"},
+      {"TORCH_NEURONX_ENABLE_CONCATENATION", "1: adaptive eager (fuses pointwise/reductions)"},
+      {"OPENNEURON_FUSION_LOG", "1: log each fused kernel's IR to stderr"},
+      {"OPENNEURON_FUSION_MAX_OPS", "most ops in one fused group"},
+      {"OPENNEURON_PROFILER_MAX_EVENTS", "device trace ring-buffer size in events"},
+      {"OPENNEURON_OOM_SNAPSHOT", "path: write a memory snapshot on out-of-memory"},
+  };
+  return kSettings;
+}
+
+Isa parse_isa(const std::string& value) {
+  const std::string v = trim(value);
+  Isa want;
+  if (v.empty() || iequals(v, "default") || iequals(v, "auto")) {
+    return host_isa();
+  } else if (iequals(v, "baseline")) {
+    want = Isa::kBaseline;
+  } else if (iequals(v, "avx2")) {
+    want = Isa::kAvx2;
+  } else if (iequals(v, "avx512")) {
+    want = Isa::kAvx512;
+  } else {
+    throw ConfigError("OPENNEURON_ISA=\"" + value +
+                      "\" is invalid: expected baseline, avx2 or avx512 (this CPU supports " +
+                      host_isa_description() + ").");
+  }
+  if (static_cast<int>(want) > static_cast<int>(host_isa()))
+    throw ConfigError("OPENNEURON_ISA=\"" + value + "\": this CPU does not support " +
+                      isa_name(want) + "; it supports " + host_isa_description() +
+                      ". Unset OPENNEURON_ISA or pick one of those.");
+  return want;
+}
 
 std::vector<int> parse_visible_cores(const std::string& value) {
   std::vector<int> cores;
@@ -185,39 +267,45 @@ std::string format_bytes(uint64_t bytes) {
   return buf;
 }
 
-Config make_config(const std::optional<std::string>& visible_cores,
-                   const std::optional<std::string>& device_memory,
-                   const std::optional<std::string>& launch_blocking, uint64_t host_ram) {
+Config make_config(const EnvLookup& env, uint64_t host_ram) {
   Config c;
-  c.visible_cores =
-      visible_cores ? parse_visible_cores(*visible_cores) : std::vector<int>{0, 1, 2, 3};
-  if (device_memory) {
-    c.device_memory = parse_memory_size(*device_memory);
+  const auto cores = env("NEURON_RT_VISIBLE_CORES");
+  c.visible_cores = cores ? parse_visible_cores(*cores) : std::vector<int>{0, 1, 2, 3};
+  if (const auto v = env("OPENNEURON_DEVICE_MEMORY")) {
+    c.device_memory = parse_memory_size(*v);
   } else {
     c.device_memory = std::max<uint64_t>(host_ram / c.visible_cores.size(), 1);
   }
-  c.launch_blocking = launch_blocking ? parse_flag(*launch_blocking) : false;
+  const auto flag = [&](const char* var, bool def) {
+    const auto v = env(var);
+    return v ? parse_flag(var, *v, def) : def;
+  };
+  c.launch_blocking = flag("NEURON_LAUNCH_BLOCKING", false);
+  if (const auto v = env("OPENNEURON_ISA")) c.isa = parse_isa(*v);
+  if (const auto v = env("OPENNEURON_FALLBACK")) c.fallback = parse_fallback(*v);
+  c.native_kernels = flag("OPENNEURON_NATIVE_KERNELS", true);
+  c.origin = flag("OPENNEURON_ORIGIN", true);
+  // NOTE: launch blocking (debugging: every op runs as it is issued) wins over the fusion switch;
+  // torch.neuron.set_fusion_enabled(True) still turns fusion on explicitly.
+  c.fusion = flag("TORCH_NEURONX_ENABLE_CONCATENATION", false) && !c.launch_blocking;
+  c.fusion_log = flag("OPENNEURON_FUSION_LOG", false);
+  if (const auto v = env("OPENNEURON_FUSION_MAX_OPS"))
+    c.fusion_max_ops = static_cast<int>(parse_count("OPENNEURON_FUSION_MAX_OPS", *v, 1 << 20));
+  if (const auto v = env("OPENNEURON_PROFILER_MAX_EVENTS"))
+    c.profiler_max_events =
+        static_cast<size_t>(parse_count("OPENNEURON_PROFILER_MAX_EVENTS", *v, int64_t{1} << 32));
+  if (const auto v = env("OPENNEURON_OOM_SNAPSHOT")) c.oom_snapshot = trim(*v);
   return c;
 }
 
 const Config& config() {
-  struct Loaded {
-    Config config;
-    std::string error;
-  };
-  static const Loaded loaded = [] {
-    Loaded l;
-    try {
-      l.config = make_config(env("NEURON_RT_VISIBLE_CORES"), env("OPENNEURON_DEVICE_MEMORY"),
-                             env("NEURON_LAUNCH_BLOCKING"), host_ram_bytes());
-      if (auto v = env("OPENNEURON_ISA")) parse_isa(*v);  // a value the CPU lacks is an error
-    } catch (const ConfigError& e) {
-      l.error = e.what();
-    }
-    return l;
-  }();
-  if (!loaded.error.empty()) throw ConfigError(loaded.error);
-  return loaded.config;
+  const Loaded& l = loaded();
+  if (!l.error.empty()) throw ConfigError(l.error);
+  return l.config;
 }
+
+const Config& config_or_defaults() noexcept { return loaded().config; }
+
+const std::vector<std::optional<std::string>>& setting_values() { return loaded().values; }
 
 }  // namespace openneuron::runtime

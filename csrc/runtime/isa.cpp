@@ -1,11 +1,10 @@
-// SIMD variant detection and selection (see isa.h). OPENNEURON_ISA is read here once; its
-// validation for users happens in config.cpp (a bad value is a configuration error).
+// SIMD variant detection and selection (see isa.h). OPENNEURON_ISA is read and parsed by the
+// settings module (config.cpp), where a bad value is a configuration error.
 #include "runtime/isa.h"
 
 #include <atomic>
-#include <cctype>
-#include <cstdlib>
 
+#include "runtime/config.h"
 #include "runtime/errors.h"
 
 namespace openneuron::runtime {
@@ -36,16 +35,6 @@ bool cpu_has_avx2() noexcept {
 
 constexpr int kUnset = -1;
 std::atomic<int> g_isa{kUnset};
-
-std::string lower_trimmed(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
-  std::string out;
-  for (size_t i = b; i < e; ++i)
-    out += static_cast<char>(std::tolower(static_cast<unsigned char>(s[i])));
-  return out;
-}
 
 bool supported(Isa isa) noexcept { return static_cast<int>(isa) <= static_cast<int>(host_isa()); }
 
@@ -81,40 +70,11 @@ std::string host_isa_description() {
   return s;
 }
 
-Isa parse_isa(const std::string& value) {
-  const std::string v = lower_trimmed(value);
-  Isa want;
-  if (v == "default" || v == "auto" || v.empty()) {
-    return host_isa();
-  } else if (v == "baseline") {
-    want = Isa::kBaseline;
-  } else if (v == "avx2") {
-    want = Isa::kAvx2;
-  } else if (v == "avx512") {
-    want = Isa::kAvx512;
-  } else {
-    throw ConfigError("OPENNEURON_ISA=\"" + value +
-                      "\" is invalid: expected baseline, avx2 or avx512 (this CPU supports " +
-                      host_isa_description() + ").");
-  }
-  if (!supported(want))
-    throw ConfigError("OPENNEURON_ISA=\"" + value + "\": this CPU does not support " +
-                      isa_name(want) + "; it supports " + host_isa_description() +
-                      ". Unset OPENNEURON_ISA or pick one of those.");
-  return want;
-}
-
 Isa isa() noexcept {
   int v = g_isa.load(std::memory_order_relaxed);
   if (v != kUnset) return static_cast<Isa>(v);
-  Isa chosen = host_isa();
-  if (const char* env = std::getenv("OPENNEURON_ISA")) {
-    try {
-      chosen = parse_isa(env);
-    } catch (const ConfigError&) {
-      // config() reports it; kernels still run on what the CPU has.
-    }
-  }
+  // NOTE: an invalid OPENNEURON_ISA leaves the defaults here; config() reports it.
+  const Isa chosen = config_or_defaults().isa.value_or(host_isa());
   int expected = kUnset;
   g_isa.compare_exchange_strong(expected, static_cast<int>(chosen), std::memory_order_relaxed);
   return static_cast<Isa>(g_isa.load(std::memory_order_relaxed));

@@ -20,12 +20,12 @@ std::vector<Isa> host_isas();
 // What this CPU has, for error messages: "avx512 (AVX512F/BW/CD/DQ/VL), avx2, baseline".
 std::string host_isa_description();
 // "baseline" | "avx2" | "avx512" (case-insensitive; "default"/"auto" = host_isa()). Throws
-// ConfigError naming OPENNEURON_ISA, the value, and what this CPU supports.
+// ConfigError naming OPENNEURON_ISA, the value, and what this CPU supports. In config.cpp.
 Isa parse_isa(const std::string& value);
 
-// The active variant: thread-safe, one relaxed load after the first call. The first call reads
-// OPENNEURON_ISA; an invalid value falls back to host_isa() here (config() reports the error and
-// no device is usable).
+// The active variant: thread-safe, one relaxed load after the first call. The first call takes
+// OPENNEURON_ISA from config_or_defaults(); an invalid value falls back to host_isa() here
+// (config() reports the error and no device is usable).
 Isa isa() noexcept;
 // Switches the active variant for later calls (tests, benchmarks). Throws ConfigError if the CPU
 // lacks it. Not for use while kernels run on other threads.

@@ -12,6 +12,8 @@
 #include <mutex>
 #include <new>
 
+#include "config.h"
+
 namespace openneuron::runtime::trace {
 namespace detail {
 std::atomic<bool> g_enabled{false};
@@ -65,12 +67,8 @@ int64_t now_ns() noexcept {
 }
 
 size_t capacity_from_env() {
-  const char* v = std::getenv("OPENNEURON_PROFILER_MAX_EVENTS");
-  if (v == nullptr || *v == '\0') return kDefaultCapacity;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (end == v || *end != '\0' || n == 0) return kDefaultCapacity;
-  return static_cast<size_t>(n);
+  const size_t n = config_or_defaults().profiler_max_events;
+  return n == 0 ? kDefaultCapacity : n;
 }
 
 int64_t session_start(size_t capacity) {

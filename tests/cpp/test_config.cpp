@@ -1,7 +1,8 @@
-// gtests for config.cpp: parsing of NEURON_RT_VISIBLE_CORES, OPENNEURON_DEVICE_MEMORY and
-// NEURON_LAUNCH_BLOCKING, their error messages, defaults, and format_bytes.
+// gtests for config.cpp, the settings module: parsing of every environment variable, their error
+// messages, defaults, and format_bytes.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 
 #include "runtime/config.h"
@@ -10,11 +11,29 @@
 namespace openneuron::runtime {
 namespace {
 
-std::string config_error(const std::optional<std::string>& cores,
-                         const std::optional<std::string>& memory,
-                         const std::optional<std::string>& blocking = std::nullopt) {
+using Env = std::map<std::string, std::string>;
+
+Config make(const Env& env, uint64_t host_ram = uint64_t{16} << 30) {
+  return make_config(
+      [&](const char* name) -> std::optional<std::string> {
+        auto it = env.find(name);
+        if (it == env.end()) return std::nullopt;
+        return it->second;
+      },
+      host_ram);
+}
+
+Env cores_memory(const std::optional<std::string>& cores,
+                 const std::optional<std::string>& memory) {
+  Env env;
+  if (cores) env["NEURON_RT_VISIBLE_CORES"] = *cores;
+  if (memory) env["OPENNEURON_DEVICE_MEMORY"] = *memory;
+  return env;
+}
+
+std::string config_error(const Env& env) {
   try {
-    make_config(cores, memory, blocking, uint64_t{16} << 30);
+    make(env);
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -31,7 +50,7 @@ TEST(Config, VisibleCoresForms) {
 
 TEST(Config, VisibleCoresErrorsNameVariableValueAndForm) {
   for (const char* bad : {"", "abc", "3-1", "1,,2", "-1", "0-", "1.5", "0-99999"}) {
-    const std::string msg = config_error(std::string(bad), std::nullopt);
+    const std::string msg = config_error(cores_memory(std::string(bad), std::nullopt));
     EXPECT_NE(msg.find("NEURON_RT_VISIBLE_CORES"), std::string::npos) << bad;
     EXPECT_NE(msg.find("\"" + std::string(bad) + "\""), std::string::npos) << msg;
     EXPECT_NE(msg.find("e.g. \"0-3\""), std::string::npos) << msg;
@@ -50,7 +69,7 @@ TEST(Config, MemorySizes) {
 
 TEST(Config, MemoryErrors) {
   for (const char* bad : {"", "abc", "0", "-1GiB", "8XB", "1.2.3G", "0.1B", "GiB"}) {
-    const std::string msg = config_error(std::nullopt, std::string(bad));
+    const std::string msg = config_error(cores_memory(std::nullopt, std::string(bad)));
     EXPECT_NE(msg.find("OPENNEURON_DEVICE_MEMORY=\"" + std::string(bad) + "\""), std::string::npos)
         << msg;
     EXPECT_NE(msg.find("e.g. \"8GiB\""), std::string::npos) << msg;
@@ -58,22 +77,82 @@ TEST(Config, MemoryErrors) {
 }
 
 TEST(Config, Defaults) {
-  const Config c = make_config(std::nullopt, std::nullopt, std::nullopt, uint64_t{16} << 30);
+  const Config c = make({});
   EXPECT_EQ(c.visible_cores, (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(c.device_memory, uint64_t{4} << 30);
   EXPECT_FALSE(c.launch_blocking);
-  const Config two = make_config(std::string("0,7"), std::nullopt, std::string("1"), 1000);
+  const Config two =
+      make({{"NEURON_RT_VISIBLE_CORES", "0,7"}, {"NEURON_LAUNCH_BLOCKING", "1"}}, 1000);
   EXPECT_EQ(two.visible_cores.size(), 2u);
   EXPECT_EQ(two.device_memory * 2, 1000u);
   EXPECT_TRUE(two.launch_blocking);
 }
 
 TEST(Config, LaunchBlockingValues) {
-  EXPECT_FALSE(make_config(std::nullopt, std::nullopt, std::string("0"), 1 << 30).launch_blocking);
-  EXPECT_TRUE(make_config(std::nullopt, std::nullopt, std::string("1"), 1 << 30).launch_blocking);
-  EXPECT_NE(config_error(std::nullopt, std::nullopt, std::string("maybe"))
-                .find("NEURON_LAUNCH_BLOCKING=\"maybe\""),
-            std::string::npos);
+  EXPECT_FALSE(make({{"NEURON_LAUNCH_BLOCKING", "0"}}).launch_blocking);
+  EXPECT_TRUE(make({{"NEURON_LAUNCH_BLOCKING", "1"}}).launch_blocking);
+  EXPECT_NE(
+      config_error({{"NEURON_LAUNCH_BLOCKING", "maybe"}}).find("NEURON_LAUNCH_BLOCKING=\"maybe\""),
+      std::string::npos);
+}
+
+TEST(Config, EverySettingParsed) {
+  const Config d = make({});
+  EXPECT_EQ(d.fallback, FallbackMode::kWarn);
+  EXPECT_TRUE(d.native_kernels);
+  EXPECT_TRUE(d.origin);
+  EXPECT_FALSE(d.fusion);
+  EXPECT_FALSE(d.isa.has_value());
+  const Config c = make({{"OPENNEURON_FALLBACK", "Error"},
+                         {"OPENNEURON_NATIVE_KERNELS", "off"},
+                         {"OPENNEURON_ORIGIN", "0"},
+                         {"TORCH_NEURONX_ENABLE_CONCATENATION", "1"},
+                         {"OPENNEURON_FUSION_LOG", "1"},
+                         {"OPENNEURON_FUSION_MAX_OPS", "64"},
+                         {"OPENNEURON_PROFILER_MAX_EVENTS", "1000"},
+                         {"OPENNEURON_OOM_SNAPSHOT", "/tmp/snap.pickle"},
+                         {"OPENNEURON_ISA", "baseline"}});
+  EXPECT_EQ(c.fallback, FallbackMode::kError);
+  EXPECT_FALSE(c.native_kernels);
+  EXPECT_FALSE(c.origin);
+  EXPECT_TRUE(c.fusion);
+  EXPECT_TRUE(c.fusion_log);
+  EXPECT_EQ(c.fusion_max_ops, 64);
+  EXPECT_EQ(c.profiler_max_events, 1000u);
+  EXPECT_EQ(c.oom_snapshot, "/tmp/snap.pickle");
+  EXPECT_EQ(c.isa, Isa::kBaseline);
+  // Launch blocking (debugging) wins over the fusion switch.
+  EXPECT_FALSE(
+      make({{"TORCH_NEURONX_ENABLE_CONCATENATION", "1"}, {"NEURON_LAUNCH_BLOCKING", "1"}}).fusion);
+}
+
+TEST(Config, BadSettingsNameTheVariable) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"OPENNEURON_FALLBACK", "loud"},
+      {"OPENNEURON_NATIVE_KERNELS", "maybe"},
+      {"OPENNEURON_ORIGIN", "2"},
+      {"TORCH_NEURONX_ENABLE_CONCATENATION", "yes please"},
+      {"OPENNEURON_FUSION_MAX_OPS", "-3"},
+      {"OPENNEURON_FUSION_MAX_OPS", "0"},
+      {"OPENNEURON_PROFILER_MAX_EVENTS", "1e6"},
+      {"OPENNEURON_ISA", "avx1024"},
+  };
+  for (const auto& [name, value] : bad) {
+    const std::string msg = config_error({{name, value}});
+    EXPECT_NE(msg.find(std::string(name) + "=\"" + value + "\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected"), std::string::npos) << msg;
+  }
+}
+
+TEST(Config, SettingsTableListsEveryVariable) {
+  std::map<std::string, int> seen;
+  for (const Setting& s : settings()) ++seen[s.name];
+  for (const char* name :
+       {"NEURON_RT_VISIBLE_CORES", "OPENNEURON_DEVICE_MEMORY", "NEURON_LAUNCH_BLOCKING",
+        "OPENNEURON_ISA", "OPENNEURON_FALLBACK", "OPENNEURON_NATIVE_KERNELS", "OPENNEURON_ORIGIN",
+        "TORCH_NEURONX_ENABLE_CONCATENATION", "OPENNEURON_FUSION_LOG", "OPENNEURON_FUSION_MAX_OPS",
+        "OPENNEURON_PROFILER_MAX_EVENTS", "OPENNEURON_OOM_SNAPSHOT"})
+    EXPECT_EQ(seen[name], 1) << name;
 }
 
 TEST(Config, FormatBytes) {

@@ -138,6 +138,11 @@ def test_visible_cores_sets_device_count(run_py):
 @pytest.mark.parametrize("var,value", [
     ("NEURON_RT_VISIBLE_CORES", "zero-to-three"),
     ("OPENNEURON_DEVICE_MEMORY", "lots"),
+    # Every other variable is read by the same settings module (runtime/config.cpp).
+    ("OPENNEURON_FALLBACK", "loud"),
+    ("OPENNEURON_ISA", "avx1024"),
+    ("TORCH_NEURONX_ENABLE_CONCATENATION", "maybe"),
+    ("OPENNEURON_PROFILER_MAX_EVENTS", "many"),
 ])
 def test_invalid_config_import_works_use_raises(run_py, var, value):
     r = run_py("""
@@ -248,9 +253,11 @@ def _openneuron_cli() -> list[str]:
 
 def test_cli_ls():
     r = subprocess.run(_openneuron_cli() + ["ls"], check=False, capture_output=True, text=True,
-                       cwd=REPO, env={"PATH": "/usr/bin:/bin", "NEURON_RT_VISIBLE_CORES": "0-2"},
+                       cwd=REPO, env={"PATH": "/usr/bin:/bin", "NEURON_RT_VISIBLE_CORES": "0-2",
+                                      "OPENNEURON_FALLBACK": "silent"},
                        timeout=300)
     assert r.returncode == 0, r.stderr
+    assert "OPENNEURON_FALLBACK=silent" in r.stdout  # every variable that is set is listed
     for i in range(3):
         assert f"neuron:{i}" in r.stdout
     assert "neuron:3" not in r.stdout

@@ -24,6 +24,7 @@
 
 #include "aten/errors.h"
 #include "ir/execute.h"
+#include "runtime/config.h"
 #include "runtime/stream.h"
 
 namespace openneuron::aten::fusion {
@@ -799,17 +800,10 @@ const char* flush_point_name(runtime::FlushPoint p) {
 void runtime_hook(runtime::FlushPoint p) { flush(flush_point_name(p)); }
 
 const bool kInit = [] {
-  const char* on = std::getenv("TORCH_NEURONX_ENABLE_CONCATENATION");
-  // NOTE: NEURON_LAUNCH_BLOCKING=1 (debugging: every op runs as it is issued) wins over the
-  // env switch; torch.neuron.set_fusion_enabled(True) still turns fusion on explicitly.
-  const char* blocking = std::getenv("NEURON_LAUNCH_BLOCKING");
-  const bool launch_blocking = blocking && std::strcmp(blocking, "1") == 0;
-  detail::enabled.store(on && std::strcmp(on, "1") == 0 && !launch_blocking,
-                        std::memory_order_relaxed);
-  const char* log = std::getenv("OPENNEURON_FUSION_LOG");
-  g_log.store(log && std::strcmp(log, "0") != 0 && *log != '\0', std::memory_order_relaxed);
-  const char* max_ops = std::getenv("OPENNEURON_FUSION_MAX_OPS");
-  if (max_ops && std::atoi(max_ops) > 0) g_max_ops.store(std::atoi(max_ops));
+  const runtime::Config& c = runtime::config_or_defaults();
+  detail::enabled.store(c.fusion, std::memory_order_relaxed);
+  g_log.store(c.fusion_log, std::memory_order_relaxed);
+  if (c.fusion_max_ops > 0) g_max_ops.store(c.fusion_max_ops);
   runtime::set_flush_hook(&runtime_hook);
   return true;
 }();

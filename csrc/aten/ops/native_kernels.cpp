@@ -19,16 +19,13 @@
 
 #include "kernels/embedding.h"
 #include "kernels/layer_norm.h"
+#include "runtime/config.h"
 
 namespace openneuron::aten {
 namespace {
 
 std::atomic<bool>& enabled_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* v = std::getenv("OPENNEURON_NATIVE_KERNELS");
-    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 ||
-                   std::strcmp(v, "off") == 0));
-  }()};
+  static std::atomic<bool> flag{runtime::config_or_defaults().native_kernels};
   return flag;
 }
 

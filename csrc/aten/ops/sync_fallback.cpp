@@ -14,22 +14,15 @@
 
 #include "aten/errors.h"
 #include "aten/ops/fallback.h"
+#include "runtime/config.h"
 #include "runtime/stream.h"
 
 namespace openneuron::aten {
 namespace {
 
-enum class FallbackMode { Warn, Silent, Error };
+using runtime::FallbackMode;
 
-FallbackMode fallback_mode() {
-  static const FallbackMode mode = [] {
-    const char* v = std::getenv("OPENNEURON_FALLBACK");
-    if (v && std::strcmp(v, "silent") == 0) return FallbackMode::Silent;
-    if (v && std::strcmp(v, "error") == 0) return FallbackMode::Error;
-    return FallbackMode::Warn;
-  }();
-  return mode;
-}
+FallbackMode fallback_mode() { return runtime::config_or_defaults().fallback; }
 
 std::string fallback_message(const OpInfo& info, const char* reason) {
   return std::string(info.name) +
@@ -40,13 +33,13 @@ std::string fallback_message(const OpInfo& info, const char* reason) {
 
 void announce(OpInfo& info, const char* reason) {
   switch (fallback_mode()) {
-    case FallbackMode::Error:
+    case FallbackMode::kError:
       TORCH_CHECK(false, fallback_message(info, reason),
                   " (OPENNEURON_FALLBACK=error is set; unset it to let the op run).");
-    case FallbackMode::Warn:
+    case FallbackMode::kWarn:
       if (!info.warned.exchange(true)) TORCH_WARN(fallback_message(info, reason));
       break;
-    case FallbackMode::Silent:
+    case FallbackMode::kSilent:
       break;
   }
 }
