@@ -1,12 +1,12 @@
 # The project's vocabulary (README.md lists these): make, make test, make demo, make finetune,
-# make bench[-training|-kernels|-fusion|-decode], make lint, make asan, make tsan. Every target sets
+# make bench[-training|-kernels|-fusion|-decode|-ir], make lint, make asan, make tsan. Every target sets
 # itself up first (scripts/setup.sh).
 PY := .venv/bin/python
 BUILD := build
 # NOTE: one build at a time in a build folder (several shells may run make at once).
 LOCKED := flock $(BUILD)/.lock
 
-.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode lint asan tsan clean
+.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir lint asan tsan clean
 
 all: build
 
@@ -57,6 +57,10 @@ bench-fusion: build
 
 bench-decode: build
 	$(PY) benchmarks/decode.py
+
+bench-ir: build
+	@$(LOCKED) cmake --build $(BUILD) --target ir_bench
+	$(BUILD)/ir_bench
 
 lint: setup
 	@command -v clang-format >/dev/null || (echo "lint: apt-get install clang-format" && exit 1)
