@@ -30,31 +30,7 @@ std::array<std::atomic<VecMathFn2>, kNumOps> g_f32_binary{};
 std::array<std::atomic<VecMathFnF64>, kNumOps> g_f64_unary{};
 std::array<std::atomic<VecMathFn2F64>, kNumOps> g_f64_binary{};
 
-bool hookable_unary(Op op) {
-  switch (op) {
-    case Op::kExp:
-    case Op::kExp2:
-    case Op::kExpm1:
-    case Op::kLog:
-    case Op::kLog2:
-    case Op::kLog10:
-    case Op::kLog1p:
-    case Op::kSqrt:
-    case Op::kRsqrt:
-    case Op::kSin:
-    case Op::kCos:
-    case Op::kTan:
-    case Op::kAtan:
-    case Op::kTanh:
-    case Op::kSigmoid:
-    case Op::kErf:
-    case Op::kErfc:
-    case Op::kReciprocal:
-      return true;
-    default:
-      return false;
-  }
-}
+bool hookable_unary(Op op) { return op_arity(op) == 1 && op_traits(op).has(kMathHook); }
 
 template <class T>
 struct Hooks;

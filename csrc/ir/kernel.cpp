@@ -45,33 +45,6 @@ double double_from_bits(uint64_t u) {
 
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument("ir: " + msg); }
 
-bool is_float_unary(Op op) {
-  switch (op) {
-    case Op::kReciprocal:
-    case Op::kExp:
-    case Op::kExp2:
-    case Op::kExpm1:
-    case Op::kLog:
-    case Op::kLog2:
-    case Op::kLog10:
-    case Op::kLog1p:
-    case Op::kSqrt:
-    case Op::kRsqrt:
-    case Op::kSin:
-    case Op::kCos:
-    case Op::kTan:
-    case Op::kAtan:
-    case Op::kTanh:
-    case Op::kSigmoid:
-    case Op::kErf:
-    case Op::kErfc:
-    case Op::kIsNan:
-      return true;
-    default:
-      return false;
-  }
-}
-
 std::string format_double(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
@@ -147,27 +120,21 @@ bool dtype_is_floating(DType dt) {
 }
 bool dtype_is_integral(DType dt) { return dt == DType::kInt32 || dt == DType::kInt64; }
 
-const char* op_name(Op op) {
-  static const char* const kNames[kNumOps] = {
-      "load",        "const",      "neg",         "abs",       "sign",      "reciprocal", "exp",
-      "exp2",        "expm1",      "log",         "log2",      "log10",     "log1p",      "sqrt",
-      "rsqrt",       "sin",        "cos",         "tan",       "atan",      "tanh",       "sigmoid",
-      "erf",         "erfc",       "floor",       "ceil",      "trunc",     "round",      "isnan",
-      "logical_not", "bit_not",    "cast",        "add",       "sub",       "mul",        "div",
-      "max",         "min",        "pow",         "remainder", "floor_div", "bit_and",    "bit_or",
-      "bit_xor",     "eq",         "ne",          "lt",        "le",        "gt",         "ge",
-      "logical_and", "logical_or", "logical_xor", "fma",       "where",     "sum",        "prod",
-      "amax",        "amin"};
-  int i = static_cast<int>(op);
-  return i < kNumOps ? kNames[i] : "?";
+const OpTraits& op_traits(Op op) {
+  static const OpTraits kTraits[kNumOps] = {
+#define OPENNEURON_IR_OP(name, text, arity, operands, flags) \
+  {text, arity, OpOperands::k##operands, static_cast<uint8_t>(flags)},
+#include "ir/ops.def"
+#undef OPENNEURON_IR_OP
+  };
+  const int i = static_cast<int>(op);
+  if (i >= kNumOps) fail("unknown op " + std::to_string(i));
+  return kTraits[i];
 }
 
-int op_arity(Op op) {
-  if (op == Op::kLoad || op == Op::kConstant) return 0;
-  if (op == Op::kFma || op == Op::kWhere) return 3;
-  if (op >= Op::kAdd && op <= Op::kLogicalXor) return 2;
-  return 1;
-}
+const char* op_name(Op op) { return static_cast<int>(op) < kNumOps ? op_traits(op).name : "?"; }
+
+int op_arity(Op op) { return op_traits(op).arity; }
 
 bool op_is_reduction(Op op) { return op >= Op::kSum && op <= Op::kAmin; }
 
@@ -327,7 +294,8 @@ ValueId KernelBuilder::unary(Op op, ValueId a) {
     fail(std::string(op_name(op)) + ": operand %" + std::to_string(a) + " has dtype " +
          dtype_name(dt) + ", needs " + need + " (insert a cast)");
   };
-  if (is_float_unary(op)) {
+  const OpTraits& t = op_traits(op);
+  if (t.operands == OpOperands::kFloating) {
     if (!dtype_is_floating(dt)) bad("a floating dtype");
     if (op == Op::kIsNan) out = DType::kBool;
   } else if (op == Op::kLogicalNot) {
@@ -336,9 +304,7 @@ ValueId KernelBuilder::unary(Op op, ValueId a) {
     if (dtype_is_floating(dt)) bad("an integer or bool dtype");
   } else {  // neg abs sign floor ceil trunc round
     if (dt == DType::kBool) bad("a numeric (non-bool) dtype");
-    if (!dtype_is_floating(dt) &&
-        (op == Op::kFloor || op == Op::kCeil || op == Op::kTrunc || op == Op::kRound))
-      return a;
+    if (!dtype_is_floating(dt) && t.has(kIntIdentity)) return a;
   }
   Node n;
   n.op = op;

@@ -24,79 +24,32 @@ const char* dtype_name(DType dt);  // "f32", "bf16", "f16", "f64", "i32", "i64",
 bool dtype_is_floating(DType dt);  // f32, bf16, f16, f64
 bool dtype_is_integral(DType dt);  // i32, i64 (not bool)
 
-// NOTE: serialized by numeric value: append new ops at the end of their group's range only by
-// bumping the serialization version.
+// Ops: one row each in ir/ops.def (name, text, arity, operand dtypes, flags), the only list.
 enum class Op : uint8_t {
-  // Leaves.
-  kLoad,      // element of an input operand
-  kConstant,  // scalar
-  // Unary, same dtype in and out (floating unless noted).
-  kNeg,         // any numeric (wraps for ints)
-  kAbs,         // any numeric
-  kSign,        // any numeric: -1, 0, 1 ((0 < x) - (x < 0) as ATen: NaN -> 0)
-  kReciprocal,  // 1 / x
-  kExp,
-  kExp2,
-  kExpm1,
-  kLog,
-  kLog2,
-  kLog10,
-  kLog1p,
-  kSqrt,
-  kRsqrt,  // 1 / sqrt(x), two roundings like ATen
-  kSin,
-  kCos,
-  kTan,
-  kAtan,
-  kTanh,
-  kSigmoid,  // 1 / (1 + exp(-x))
-  kErf,
-  kErfc,
-  kFloor,  // floor/ceil/trunc/round: identity on ints
-  kCeil,
-  kTrunc,
-  kRound,  // half to even (torch.round)
-  // Unary, other result dtype.
-  kIsNan,       // floating -> bool
-  kLogicalNot,  // any -> bool (x == 0)
-  kBitNot,      // int or bool -> same (bool: logical not)
-  kCast,        // any -> any (float->int truncates; out of range/NaN -> INT_MIN bit pattern)
-  // Binary, both operands the same dtype, result that dtype.
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,        // floats: IEEE; ints: truncating, x/0 = 0 (ATen raises; callers should check)
-  kMax,        // NaN-propagating (torch.maximum)
-  kMin,        // NaN-propagating (torch.minimum)
-  kPow,        // floats: std::pow; ints: exact by squaring, negative exponent -> 0 unless |x|==1
-  kRemainder,  // Python-style (sign of divisor), torch.remainder; ints: x%0 = 0
-  kFloorDiv,   // torch.floor_divide; ints: x//0 = 0
-  kBitAnd,     // int or bool
-  kBitOr,
-  kBitXor,
-  // Binary, both operands the same dtype, result bool.
-  kEq,
-  kNe,
-  kLt,
-  kLe,
-  kGt,
-  kGe,
-  kLogicalAnd,  // nonzero test on each operand
-  kLogicalOr,
-  kLogicalXor,
-  // Ternary.
-  kFma,    // a * b + c with one rounding (std::fma); same dtype; bf16/fp16: fma in float, round
-  kWhere,  // cond (bool) ? a : b; a, b same dtype
-  // Reductions over a set of iteration axes (keepdim semantics). Accumulate in float for
-  // bf16/fp16/f32, double for f64, the int type itself (wrapping) for ints.
-  kSum,   // not bool
-  kProd,  // not bool
-  kAmax,  // NaN-propagating; bool: any
-  kAmin,  // NaN-propagating; bool: all
+#define OPENNEURON_IR_OP(name, text, arity, operands, flags) k##name,
+#include "ir/ops.def"
+#undef OPENNEURON_IR_OP
 };
-constexpr int kNumOps = static_cast<int>(Op::kAmin) + 1;
-const char* op_name(Op op);  // "add", "exp", "sum", ...
-int op_arity(Op op);         // operands: 0 for leaves, 1, 2 or 3
+constexpr int kNumOps = 0
+#define OPENNEURON_IR_OP(name, text, arity, operands, flags) +1
+#include "ir/ops.def"
+#undef OPENNEURON_IR_OP
+    ;
+
+// The dtypes an op accepts (ops.def's operands column).
+enum class OpOperands : uint8_t { kAny, kFloating, kNumeric, kIntOrBool };
+// ops.def's flags column.
+enum OpFlag : uint8_t { kMathHook = 1, kExactOnValues = 2, kIntIdentity = 4 };
+struct OpTraits {
+  const char* name;  // "add", "exp", "sum", ...
+  int arity;         // operands: 0 for leaves, 1, 2 or 3
+  OpOperands operands;
+  uint8_t flags;
+  bool has(OpFlag f) const { return (flags & f) != 0; }
+};
+const OpTraits& op_traits(Op op);
+const char* op_name(Op op);  // op_traits(op).name, "?" out of range
+int op_arity(Op op);
 bool op_is_reduction(Op op);
 
 using ValueId = int32_t;

@@ -8,23 +8,7 @@
 
 namespace openneuron::ir::detail {
 
-bool exact_on_values(Op op) {
-  switch (op) {
-    case Op::kNeg:
-    case Op::kAbs:
-    case Op::kSign:
-    case Op::kMax:
-    case Op::kMin:
-    case Op::kWhere:
-    case Op::kFloor:
-    case Op::kCeil:
-    case Op::kTrunc:
-    case Op::kRound:
-      return true;
-    default:
-      return false;
-  }
-}
+bool exact_on_values(Op op) { return op_traits(op).has(kExactOnValues); }
 
 // Builds one program from the needed values (ascending ids = topological order).
 void build_program(const Kernel& k, const std::vector<uint8_t>& needed, bool reduced_domain,

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -246,6 +247,36 @@ TEST(IrBuilder, DeserializeRejectsCorruptInput) {
   char sum[64];
   std::snprintf(sum, sizeof(sum), "sum %016llx\n", static_cast<unsigned long long>(h));
   EXPECT_THROW(Kernel::deserialize(body + sum), std::invalid_argument);
+}
+
+// ops.def is the one list of ops: its rows give unique names, arities the builder enforces, and
+// flags only where they mean something (hooks on floating transcendentals and pow).
+TEST(IrOps, TableIsConsistent) {
+  std::set<std::string> names;
+  for (int i = 0; i < kNumOps; ++i) {
+    const Op op = static_cast<Op>(i);
+    const OpTraits& t = op_traits(op);
+    EXPECT_TRUE(names.insert(t.name).second) << t.name;
+    EXPECT_STREQ(op_name(op), t.name);
+    EXPECT_GE(t.arity, 0);
+    EXPECT_LE(t.arity, 3);
+    if (op_is_reduction(op)) {
+      EXPECT_EQ(t.arity, 1) << t.name;
+    }
+    if (t.has(kMathHook)) {
+      EXPECT_TRUE(t.operands == OpOperands::kFloating || op == Op::kPow) << t.name;
+    }
+    if (t.has(kIntIdentity)) {
+      EXPECT_TRUE(t.has(kExactOnValues)) << t.name;
+    }
+  }
+  EXPECT_STREQ(op_name(static_cast<Op>(kNumOps)), "?");
+  EXPECT_EQ(std::string(op_name(Op::kAmin)), "amin");  // the last row
+  // The builder enforces the operands column.
+  KernelBuilder b;
+  const ValueId i = b.load(b.add_input(DType::kInt32));
+  EXPECT_THROW(b.unary(Op::kExp, i), std::invalid_argument);
+  EXPECT_EQ(b.unary(Op::kFloor, i), i);  // kIntIdentity
 }
 
 }  // namespace
