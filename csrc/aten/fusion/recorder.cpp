@@ -133,6 +133,9 @@ class Recorder {
   void flush(const char* reason, std::vector<c10::Storage>* garbage);
 
  private:
+  bool place(const OpRecord& r, int* inplace_out, bool* inplace_input_out,
+             std::vector<c10::Storage>* garbage);
+  int32_t lower(const OpRecord& r);
   bool empty() const { return ops_ == 0; }
   // NOTE: a result whose storage only the group still references can never be read again
   // (values flow through the DAG, not memory) nor written (it is dead): its block goes back to
@@ -264,11 +267,15 @@ int32_t Recorder::value_of(const at::Tensor& t) {
                0});
 }
 
-bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
+// Where op r goes: closes the pending group first when r cannot join it (device, stream, shape,
+// size limit, aliasing), and finds the pending result an in-place r replaces (*inplace_out, or
+// -1; *inplace_input_out: in-place on a group input with its exact geometry). False: r must run
+// the ordinary way. Caller holds mu_.
+bool Recorder::place(const OpRecord& r, int* inplace_out, bool* inplace_input_out,
+                     std::vector<c10::Storage>* garbage) {
   const at::Tensor& out = *r.out;
   const c10::DeviceIndex device = out.device().index();
   const int64_t stream_id = runtime::stream_current(device).id();
-  std::lock_guard<std::mutex> lock(mu_);
   if (!empty()) {
     if (device != device_) {
       flush("device change", garbage);
@@ -285,13 +292,15 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
   // result with its exact geometry (the result's value is then replaced); others run the
   // ordinary way.
   const c10::StorageImpl* out_impl = out.storage().unsafeGetStorageImpl();
-  int inplace = -1;
+  int& inplace = *inplace_out;
+  inplace = -1;
   bool writes_arg = false;
   for (int i = 0; i < r.nargs; ++i) {
     const at::Tensor* t = r.args[i].tensor;
     writes_arg |= t && t->storage().unsafeGetStorageImpl() == out_impl;
   }
-  bool inplace_input = false;
+  bool& inplace_input = *inplace_input_out;
+  inplace_input = false;
   if (writes_arg) {
     for (size_t i = 0; i < outputs_.size(); ++i) {
       const Output& o = outputs_[i];
@@ -366,7 +375,13 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
     sizes_.assign(out.sizes().begin(), out.sizes().end());
     numel_ = out.numel();
   }
-  // Operands, cast to the compute dtype as TensorIterator does.
+  return true;
+}
+
+// Fusion lowering: op r as IR values on the pending group, its operands cast to the compute
+// dtype as TensorIterator does and the result to the output's dtype. Caller holds mu_.
+int32_t Recorder::lower(const OpRecord& r) {
+  const at::Tensor& out = *r.out;
   const DType ct = dtype_of(r.compute);
   const DType od = dtype_of(out.scalar_type());
   int32_t v[3] = {-1, -1, -1};
@@ -485,7 +500,16 @@ bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
       break;
     }
   }
-  res = cast(res, od);
+  return cast(res, od);
+}
+
+bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
+  const at::Tensor& out = *r.out;
+  std::lock_guard<std::mutex> lock(mu_);
+  int inplace = -1;
+  bool inplace_input = false;
+  if (!place(r, &inplace, &inplace_input, garbage)) return false;
+  const int32_t res = lower(r);
   if (inplace >= 0) {
     outputs_[inplace].value = res;
     eager_bytes_ += outputs_[inplace].nbytes;
