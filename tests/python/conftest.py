@@ -59,3 +59,16 @@ def _synchronize_neuron():
     if neuron is not None and neuron.is_initialized():
         for i in range(neuron.device_count()):
             neuron.synchronize(i)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "subprocess: runs code in a fresh interpreter (the run_py fixture); added "
+        "automatically. `make test-isa` deselects these: they test logging, configuration and "
+        "process lifetime, which no SIMD or ATen code path changes.")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "run_py" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.subprocess)
