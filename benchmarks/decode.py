@@ -20,9 +20,9 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a config built here: never reach for the hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
+import torch
+import transformers
+from transformers.utils import logging as hf_logging
 
 hf_logging.set_verbosity_error()
 

@@ -31,10 +31,12 @@ OPENNEURON_ISA_DISPATCH(void, forward_chunk,
                         (t, x, w, y, rstd, begin, end, n, eps, row))
 
 // dx for rows [begin, end) and this block's dweight partial sums (pw may be null).
+// NOTE: the partial sums are double: a block spans up to thousands of rows when rows are short,
+// and a float32 running sum over them lost ~10x the accuracy of ATen's pairwise sum.
 OPENNEURON_ISA_BODY void backward_chunk_body(RmsNormTypes t, const void* dy, const void* x,
-                                             const float* rstd, const float* w, void* dx, float* pw,
-                                             int64_t begin, int64_t end, int64_t n, float* g,
-                                             float* xh) {
+                                             const float* rstd, const float* w, void* dx,
+                                             double* pw, int64_t begin, int64_t end, int64_t n,
+                                             float* g, float* xh) {
   const float inv_n = 1.0f / static_cast<float>(n);
   for (int64_t r = begin; r < end; ++r) {
     load_row(t.dtype, dy, r * n, n, g);
@@ -42,7 +44,7 @@ OPENNEURON_ISA_BODY void backward_chunk_body(RmsNormTypes t, const void* dy, con
     const float rs = rstd[r];
     for (int64_t k = 0; k < n; ++k) xh[k] = xh[k] * rs;
     if (pw)
-      for (int64_t k = 0; k < n; ++k) pw[k] += g[k] * xh[k];
+      for (int64_t k = 0; k < n; ++k) pw[k] += static_cast<double>(g[k] * xh[k]);
     if (!dx) continue;
     if (w)
       for (int64_t k = 0; k < n; ++k) g[k] = g[k] * w[k];
@@ -53,8 +55,8 @@ OPENNEURON_ISA_BODY void backward_chunk_body(RmsNormTypes t, const void* dy, con
 }
 OPENNEURON_ISA_DISPATCH(void, backward_chunk,
                         (RmsNormTypes t, const void* dy, const void* x, const float* rstd,
-                         const float* w, void* dx, float* pw, int64_t begin, int64_t end, int64_t n,
-                         float* g, float* xh),
+                         const float* w, void* dx, double* pw, int64_t begin, int64_t end,
+                         int64_t n, float* g, float* xh),
                         (t, dy, x, rstd, w, dx, pw, begin, end, n, g, xh))
 
 std::vector<float> param_as_float(DType d, const void* p, int64_t n) {
@@ -84,7 +86,7 @@ void rms_norm_backward(RmsNormTypes t, const void* dy, const void* x, const floa
   const int64_t block = std::max<int64_t>(row_grain(n), (rows + 255) / 256);
   const int64_t blocks = rows > 0 ? (rows + block - 1) / block : 0;
   const bool want_w = dweight != nullptr;
-  std::vector<float> pw(want_w ? static_cast<size_t>(blocks * n) : 0, 0.0f);
+  std::vector<double> pw(want_w ? static_cast<size_t>(blocks * n) : 0, 0.0);
   runtime::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(static_cast<size_t>(2 * n));
     for (int64_t bi = b0; bi < b1; ++bi) {
@@ -95,10 +97,11 @@ void rms_norm_backward(RmsNormTypes t, const void* dy, const void* x, const floa
     }
   });
   if (want_w) {
-    std::vector<float> total(static_cast<size_t>(n), 0.0f);
+    std::vector<double> total(static_cast<size_t>(n), 0.0);
     for (int64_t bi = 0; bi < blocks; ++bi)
       for (int64_t k = 0; k < n; ++k) total[k] += pw[bi * n + k];
-    store_row(t.wdtype, total.data(), dweight, 0, n);
+    std::vector<float> total_f(total.begin(), total.end());
+    store_row(t.wdtype, total_f.data(), dweight, 0, n);
   }
 }
 

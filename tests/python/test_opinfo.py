@@ -83,16 +83,10 @@ _LOW_PRECISION_UNEXPLAINED = (
     "neuron bug, not yet isolated: low-precision results differ from CPU past the tolerance "
     "(not the scalar-rounding bug of the mul/div fast path, fixed; to investigate with "
     "openneuron.ops_report which ops the neuron run decomposes into)")
-_NORM_DECOMPOSITION = (
-    "on neuron PyTorch runs this norm as its generic decomposition through native_batch_norm in "
-    "the low-precision dtype (CPU: a fused kernel accumulating in float32), so results differ by "
-    "a few ulp after normalization")
 DTYPE_XFAILS = {
     **dict.fromkeys([("addr", "low"),
                      ("nn.functional.linear_cross_entropy.chunked_none", torch.float16)],
                     _LOW_PRECISION_UNEXPLAINED),
-    **dict.fromkeys([("native_group_norm", "low"), ("nn.functional.group_norm", "low")],
-                    _NORM_DECOMPOSITION),
 }
 
 

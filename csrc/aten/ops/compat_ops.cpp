@@ -113,6 +113,12 @@ at::Tensor ctc_loss_backward_meta(const at::Tensor& grad, const at::Tensor& log_
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("histc", torch::CppFunction::makeFromBoxedFunction<&openneuron::aten::histc>());
   m.impl("histc.out", torch::CppFunction::makeFromBoxedFunction<&openneuron::aten::histc_out>());
+  // NOTE: native_group_norm has CPU and CUDA kernels; any other device gets math_group_norm
+  // (CompositeExplicitAutograd), which computes bf16/fp16 statistics in that dtype, and its
+  // autograd decomposition. ATen's CPU kernels (float accumulation, as CPU users get) run on
+  // neuron instead, asynchronously like any op; the backward follows from the forward.
+  m.impl("native_group_norm",
+         torch::CppFunction::makeFromBoxedFunction<&openneuron::aten::neuron_fallback>());
 }
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {

@@ -98,12 +98,22 @@ std::vector<float> to_floats(at::ArrayRef<at::Scalar> s) {
   return out;
 }
 
+// NOTE: ATen's CPU _foreach_add_(Scalar) and _foreach_mul_(Scalar) round the scalar to a
+// bf16/fp16 tensor's dtype first (its div, lerp, addcmul and addcdiv use it as float, and so
+// does the per-tensor mul_): same here, so results stay bitwise.
+float scalar_in_dtype(const at::Tensor& t, const at::Scalar& s) {
+  const float v = static_cast<float>(s.toDouble());
+  if (t.scalar_type() == c10::ScalarType::BFloat16) return static_cast<float>(c10::BFloat16(v));
+  if (t.scalar_type() == c10::ScalarType::Half) return static_cast<float>(c10::Half(v));
+  return v;
+}
+
 void mul_scalar_(at::TensorList self, const at::Scalar& s) {
   if (!lists_ok(self, {}) || !real_scalar(s)) {
     for (const auto& t : self) const_cast<at::Tensor&>(t).mul_(s);
     return;
   }
-  launch(ForeachOp::MulScalar, self, self, {}, {}, {static_cast<float>(s.toDouble())});
+  launch(ForeachOp::MulScalar, self, self, {}, {}, {scalar_in_dtype(self[0], s)});
 }
 
 void add_scalar_(at::TensorList self, const at::Scalar& s) {
@@ -111,16 +121,7 @@ void add_scalar_(at::TensorList self, const at::Scalar& s) {
     for (const auto& t : self) const_cast<at::Tensor&>(t).add_(s);
     return;
   }
-  // NOTE: ATen's CPU add_(Scalar) rounds the scalar to a bf16/fp16 tensor's dtype first (mul,
-  // div, lerp, addcmul, addcdiv use it as float): same here, so results stay bitwise.
-  const float v = static_cast<float>(s.toDouble());
-  float rounded = v;
-  if (self[0].scalar_type() == c10::ScalarType::BFloat16) {
-    rounded = static_cast<float>(c10::BFloat16(v));
-  } else if (self[0].scalar_type() == c10::ScalarType::Half) {
-    rounded = static_cast<float>(c10::Half(v));
-  }
-  launch(ForeachOp::AddScalar, self, self, {}, {}, {rounded});
+  launch(ForeachOp::AddScalar, self, self, {}, {}, {scalar_in_dtype(self[0], s)});
 }
 
 void div_scalarlist_(at::TensorList self, at::ArrayRef<at::Scalar> scalars) {
