@@ -152,7 +152,7 @@ def _check_index(idx: int) -> int:
     count = device_count()
     if not 0 <= idx < count:
         # NOTE: the value the runtime read (its settings module reads each variable once).
-        visible = dict((n, v) for n, v, _ in _C._settings()).get("NEURON_RT_VISIBLE_CORES")
+        visible = {n: v for n, v, _ in _C._settings()}.get("NEURON_RT_VISIBLE_CORES")
         source = f"NEURON_RT_VISIBLE_CORES={visible}" if visible else "the default of 4"
         raise RuntimeError(
             f"Invalid device index neuron:{idx}: this process sees {count} neuron device(s) "

@@ -5,9 +5,9 @@ import copy
 
 import pytest
 import torch
-import torch.nn as nn
+from torch import nn
 
-TOL = {torch.float32: dict(rtol=1e-5, atol=1e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
+TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-4}, torch.bfloat16: {"rtol": 3e-2, "atol": 3e-2}}
 
 CASES = {
     "gru_2layer_bidir": (lambda: nn.GRU(6, 5, num_layers=2, bidirectional=True), (4, 3, 6)),

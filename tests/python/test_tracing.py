@@ -2,11 +2,12 @@
 FakeTensorMode and meta tensors, forward and backward, against eager on neuron and on CPU.
 Shapes are tiny but cross the kernels' thresholds (cross-entropy >= 512 classes), and the
 native-call counters show the native kernel ran inside the compiled graph."""
-import openneuron
 import pytest
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+import openneuron
 
 DEV = "neuron"
 

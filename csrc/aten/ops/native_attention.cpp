@@ -11,7 +11,6 @@
 #include <torch/library.h>
 
 #include <array>
-#include <array>
 #include <atomic>
 #include <cmath>
 #include <string>
