@@ -32,10 +32,10 @@ test-python: build
 # The suite again with adaptive eager on (it must change no result): every file that computes
 # results. Left out (CI time): device enumeration and the CLI (no op results), and the Hugging
 # Face ecosystem runs (Trainer/accelerate/examples: their numerics are test_hf_models.py's and
-# test_training.py's, which do run); OpInfo at 4 samples per op (every op still runs fused).
+# test_training.py's, which do run).
 FUSION_SKIP := test_cli.py test_device.py test_examples_hf.py test_huggingface_stack.py
 test-fusion: build
-	TORCH_NEURONX_ENABLE_CONCATENATION=1 OPENNEURON_OPINFO_SAMPLES=4 $(PY) -m pytest tests/python -q \
+	TORCH_NEURONX_ENABLE_CONCATENATION=1 $(PY) -m pytest tests/python -q \
 	  $(foreach f,$(FUSION_SKIP),--ignore=tests/python/$(f))
 
 # The bitwise tests again under every OPENNEURON_ISA / ATEN_CPU_CAPABILITY / MKL code path.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ir/numeric.h"
 #include "runtime/isa.h"
 
 namespace openneuron::kernels {
@@ -31,49 +32,14 @@ inline const char* dtype_name(DType d) {
 // picks one. FMA is only used where a file allows contraction (attention.cpp).
 #define OPENNEURON_INLINE __attribute__((always_inline)) inline
 
-OPENNEURON_INLINE uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-OPENNEURON_INLINE float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+OPENNEURON_INLINE uint32_t bits_of(float f) { return ir::numeric::f32_bits(f); }
+OPENNEURON_INLINE float float_of(uint32_t u) { return ir::numeric::f32_from_bits(u); }
 
-OPENNEURON_INLINE float bf16_to_float(uint16_t h) {
-  return float_of(static_cast<uint32_t>(h) << 16);
-}
-OPENNEURON_INLINE uint16_t float_to_bf16(float f) {
-  uint32_t u = bits_of(f);
-  if (f != f) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-// IEEE half <-> float by bit manipulation (exact; round to nearest even).
-OPENNEURON_INLINE float f16_to_float(uint16_t h) {
-  const uint32_t w = static_cast<uint32_t>(h) << 16;
-  const uint32_t sign = w & 0x80000000u;
-  const uint32_t two_w = w + w;
-  const float normalized = float_of((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-  const float denormalized = float_of((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t r = sign | (two_w < (1u << 27) ? bits_of(denormalized) : bits_of(normalized));
-  return float_of(r);
-}
-OPENNEURON_INLINE uint16_t float_to_f16(float f) {
-  float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
-  const uint32_t w = bits_of(f);
-  const uint32_t shl1_w = w + w;
-  const uint32_t sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  if (bias < 0x71000000u) bias = 0x71000000u;
-  base = float_of((bias >> 1) + 0x07800000u) + base;
-  const uint32_t b = bits_of(base);
-  const uint32_t nonsign = ((b >> 13) & 0x00007C00u) + (b & 0x00000FFFu);
-  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
+// bf16/fp16 <-> float, round to nearest even: the one implementation is ir/numeric.h.
+OPENNEURON_INLINE float bf16_to_float(uint16_t h) { return ir::numeric::f32_from_bf16(h); }
+OPENNEURON_INLINE uint16_t float_to_bf16(float f) { return ir::numeric::bf16_from_f32(f); }
+OPENNEURON_INLINE float f16_to_float(uint16_t h) { return ir::numeric::f32_from_f16(h); }
+OPENNEURON_INLINE uint16_t float_to_f16(float f) { return ir::numeric::f16_from_f32(f); }
 
 // Element access by dtype: T is the stored type.
 struct F32 {

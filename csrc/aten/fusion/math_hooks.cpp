@@ -132,26 +132,27 @@ void install(ir::Op op, ir::VecMathFn f32) {
   ir::set_float_math(op, &run_stub_as<c10::Half, kCall>, ir::DType::kFloat16);
 }
 
-const bool kInstalled = [] {
+// The float32 implementation: MKL VML where ATen's kernel calls it, else ATen's kernel itself.
 #ifdef OPENNEURON_DIRECT_VML
-  install<&tanh_call>(ir::Op::kTanh, &run_vml<&vmsTanh>);
-  install<&exp_call>(ir::Op::kExp, &run_vml<&vmsExp>);
-  install<&log_call>(ir::Op::kLog, &run_vml<&vmsLn>);
-  install<&cos_call>(ir::Op::kCos, &run_vml<&vmsCos>);
-  install<&erf_call>(ir::Op::kErf, &run_vml<&vmsErf>);
-  install<&sqrt_call>(ir::Op::kSqrt, &run_vml<&vmsSqrt>);
+#define OPENNEURON_F32_MATH(vml, call) (&run_vml<&vml>)
 #else
-  install<&tanh_call>(ir::Op::kTanh, &run_stub<&tanh_call>);
-  install<&exp_call>(ir::Op::kExp, &run_stub<&exp_call>);
-  install<&log_call>(ir::Op::kLog, &run_stub<&log_call>);
-  install<&cos_call>(ir::Op::kCos, &run_stub<&cos_call>);
-  install<&erf_call>(ir::Op::kErf, &run_stub<&erf_call>);
-  install<&sqrt_call>(ir::Op::kSqrt, &run_stub<&sqrt_call>);
+#define OPENNEURON_F32_MATH(vml, call) (&run_stub<&call>)
 #endif
-  install<&rsqrt_call>(ir::Op::kRsqrt, &run_stub<&rsqrt_call>);
+
+// One row per hooked op: the IR op, ATen's kernel (bf16/fp16, and float32 without VML), and the
+// float32 path.
+const bool kInstalled = [] {
+  install<&tanh_call>(ir::Op::kTanh, OPENNEURON_F32_MATH(vmsTanh, tanh_call));
+  install<&exp_call>(ir::Op::kExp, OPENNEURON_F32_MATH(vmsExp, exp_call));
+  install<&log_call>(ir::Op::kLog, OPENNEURON_F32_MATH(vmsLn, log_call));
+  install<&cos_call>(ir::Op::kCos, OPENNEURON_F32_MATH(vmsCos, cos_call));
+  install<&erf_call>(ir::Op::kErf, OPENNEURON_F32_MATH(vmsErf, erf_call));
+  install<&sqrt_call>(ir::Op::kSqrt, OPENNEURON_F32_MATH(vmsSqrt, sqrt_call));
+  install<&rsqrt_call>(ir::Op::kRsqrt, &run_stub<&rsqrt_call>);  // not MKL in ATen
   install<&reciprocal_call>(ir::Op::kReciprocal, &run_stub<&reciprocal_call>);
   return true;
 }();
+#undef OPENNEURON_F32_MATH
 
 }  // namespace
 }  // namespace openneuron::aten::fusion
