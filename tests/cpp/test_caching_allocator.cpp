@@ -320,7 +320,9 @@ TEST(CachingAllocator, ContextIdFollowsTheAllocation) {
   EXPECT_EQ(allocator_free(nullptr), 0u);
   for (const SegmentInfo& seg : allocator_snapshot(0)) {
     for (const BlockInfo& b : seg.blocks) {
-      if (!b.allocated) EXPECT_EQ(b.context, 0u);
+      if (!b.allocated) {
+        EXPECT_EQ(b.context, 0u);
+      }
     }
   }
   void* r = allocator_alloc(4096, s, 7);  // a reused block carries only the new id
