@@ -72,3 +72,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "run_py" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.subprocess)
+
+
+def tally(counts: dict, report, skipped_key: str | None = None) -> None:
+    """Adds one test report to counts ({"passed", "xfailed", "failed", ...}) for the database
+    tests' pass-count summaries (test_opinfo/test_modules/test_optimizers): a strict xfail that
+    passed counts as failed; a plain skip counts under skipped_key when given."""
+    if hasattr(report, "wasxfail"):
+        counts["xfailed" if report.skipped else "failed"] += 1
+    elif report.skipped and skipped_key:
+        counts[skipped_key] += 1
+    elif report.outcome in counts:
+        counts[report.outcome] += 1
+
+
+def register_summary(request, plugin) -> None:
+    """Registers a summary plugin (pytest_runtest_logreport / pytest_terminal_summary) once."""
+    if not request.config.pluginmanager.is_registered(plugin):
+        request.config.pluginmanager.register(plugin)

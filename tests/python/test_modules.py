@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import register_summary, tally
 from torch.testing._internal.common_modules import module_db
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -111,12 +112,7 @@ class _Summary:
         dtype = report.nodeid.rsplit("-", 1)[-1].rstrip("]")
         c = self.counts.setdefault(dtype, {"passed": 0, "xfailed": 0, "failed": 0,
                                            "cpu unsupported": 0})
-        if hasattr(report, "wasxfail"):
-            c["xfailed" if report.skipped else "failed"] += 1
-        elif report.skipped:
-            c["cpu unsupported"] += 1
-        elif report.outcome in c:
-            c[report.outcome] += 1
+        tally(c, report, skipped_key="cpu unsupported")
 
     def pytest_terminal_summary(self, terminalreporter):
         if not self.counts:
@@ -143,9 +139,7 @@ _summary = _Summary()
 
 @pytest.fixture(scope="module", autouse=True)
 def _register_summary(request):
-    if not request.config.pluginmanager.is_registered(_summary):
-        request.config.pluginmanager.register(_summary)
-    yield
+    register_summary(request, _summary)
 
 
 def _leaf_on(device):

@@ -15,6 +15,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import register_summary, tally
 from torch.testing._internal.common_optimizers import optim_db
 from torch.utils._pytree import tree_map
 
@@ -121,10 +122,7 @@ class _Summary:
             return
         impl, dtype = report.nodeid.rstrip("]").rsplit("-", 2)[-2:]
         c = self.counts.setdefault((dtype, impl), {"passed": 0, "xfailed": 0, "failed": 0})
-        if hasattr(report, "wasxfail"):
-            c["xfailed" if report.skipped else "failed"] += 1
-        elif report.outcome in c:
-            c[report.outcome] += 1
+        tally(c, report)
 
     def pytest_terminal_summary(self, terminalreporter):
         if not self.counts:
@@ -148,9 +146,7 @@ _summary = _Summary()
 
 @pytest.fixture(scope="module", autouse=True)
 def _register_summary(request):
-    if not request.config.pluginmanager.is_registered(_summary):
-        request.config.pluginmanager.register(_summary)
-    yield
+    register_summary(request, _summary)
 
 
 def _make_params(info, dtype):
