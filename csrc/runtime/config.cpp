@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "errors.h"
@@ -151,8 +152,14 @@ const Loaded& loaded() {
   static const Loaded l = [] {
     Loaded r;
     for (const Setting& s : settings()) r.values.push_back(process_env(s.name));
+    // NOTE: make_config reads the values just read, so a variable outside the table reads unset.
+    const EnvLookup read = [&r](const char* name) -> std::optional<std::string> {
+      for (size_t i = 0; i < settings().size(); ++i)
+        if (std::strcmp(settings()[i].name, name) == 0) return r.values[i];
+      return std::nullopt;
+    };
     try {
-      r.config = make_config(process_env, host_ram_bytes());
+      r.config = make_config(read, host_ram_bytes());
     } catch (const ConfigError& e) {
       r.error = e.what();
       r.config =
