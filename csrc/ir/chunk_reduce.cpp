@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ir/numeric.h"
+#include "ir/dtype.h"
 #include "ir/program.h"
 #include "runtime/isa.h"
 

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "ir/numeric.h"
+#include "ir/dtype.h"
 #include "ir/program.h"
 #include "runtime/parallel.h"
 

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "ir/numeric.h"
+#include "ir/dtype.h"
 
 namespace openneuron::ir {
 namespace {
@@ -73,52 +73,6 @@ std::string axes_text(uint64_t mask) {
 }  // namespace
 
 // --- dtypes and ops -------------------------------------------------------------------------
-
-size_t dtype_size(DType dt) {
-  switch (dt) {
-    case DType::kFloat32:
-      return 4;
-    case DType::kBFloat16:
-      return 2;
-    case DType::kFloat16:
-      return 2;
-    case DType::kFloat64:
-      return 8;
-    case DType::kInt32:
-      return 4;
-    case DType::kInt64:
-      return 8;
-    case DType::kBool:
-      return 1;
-  }
-  fail("unknown dtype " + std::to_string(static_cast<int>(dt)));
-}
-
-const char* dtype_name(DType dt) {
-  switch (dt) {
-    case DType::kFloat32:
-      return "f32";
-    case DType::kBFloat16:
-      return "bf16";
-    case DType::kFloat16:
-      return "f16";
-    case DType::kFloat64:
-      return "f64";
-    case DType::kInt32:
-      return "i32";
-    case DType::kInt64:
-      return "i64";
-    case DType::kBool:
-      return "bool";
-  }
-  return "?";
-}
-
-bool dtype_is_floating(DType dt) {
-  return dt == DType::kFloat32 || dt == DType::kBFloat16 || dt == DType::kFloat16 ||
-         dt == DType::kFloat64;
-}
-bool dtype_is_integral(DType dt) { return dt == DType::kInt32 || dt == DType::kInt64; }
 
 const OpTraits& op_traits(Op op) {
   static const OpTraits kTraits[kNumOps] = {

@@ -12,17 +12,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ir/dtype.h"
+
 namespace openneuron::ir {
-
-// Value types. bf16/fp16 values compute in float32 and are rounded (nearest-even) to their dtype
-// after every op, as eager ATen does op by op.
-enum class DType : uint8_t { kFloat32, kBFloat16, kFloat16, kFloat64, kInt32, kInt64, kBool };
-constexpr int kNumDTypes = 7;
-
-size_t dtype_size(DType dt);       // bytes per element in memory
-const char* dtype_name(DType dt);  // "f32", "bf16", "f16", "f64", "i32", "i64", "bool"
-bool dtype_is_floating(DType dt);  // f32, bf16, f16, f64
-bool dtype_is_integral(DType dt);  // i32, i64 (not bool)
 
 // Ops: one row each in ir/ops.def (name, text, arity, operand dtypes, flags), the only list.
 enum class Op : uint8_t {

@@ -92,14 +92,16 @@ OPENNEURON_INLINE void step_flags(const AdamConfig& c, const Coeffs& k, const Ad
 OPENNEURON_ISA_BODY void step_chunk_body(const AdamConfig& c, const Coeffs& k, const AdamTensor& t,
                                          int64_t begin, int64_t end) {
   switch (c.dtype) {
-    case DType::F32:
+    case DType::kFloat32:
       step_flags<F32>(c, k, t, begin, end);
       break;
-    case DType::BF16:
+    case DType::kBFloat16:
       step_flags<BF16>(c, k, t, begin, end);
       break;
-    case DType::F16:
+    case DType::kFloat16:
       step_flags<F16>(c, k, t, begin, end);
+      break;
+    default:  // not a kernel dtype: callers take only these three
       break;
   }
 }

@@ -27,7 +27,8 @@ struct AdamTensor {
 };
 
 struct AdamConfig {
-  DType dtype = DType::F32;  // every tensor of the list (ATen's fused kernels require one dtype)
+  DType dtype =
+      DType::kFloat32;  // every tensor of the list (ATen's fused kernels require one dtype)
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, weight_decay = 0, eps = 1e-8;
   bool amsgrad = false, maximize = false, adamw = false;
   const float* lr_ptr = nullptr;      // a tensor lr (overrides lr)

@@ -166,14 +166,16 @@ OPENNEURON_ISA_BODY void forward_range_body(const AttentionArgs& a, const FwdLay
                                             float* lse, int64_t t0, int64_t t1, float* buf) {
   for (int64_t t = t0; t < t1; ++t) {
     switch (a.dtype) {
-      case DType::F32:
+      case DType::kFloat32:
         forward_task<F32>(a, l, q, k, v, out, lse, t, buf);
         break;
-      case DType::BF16:
+      case DType::kBFloat16:
         forward_task<BF16>(a, l, q, k, v, out, lse, t, buf);
         break;
-      case DType::F16:
+      case DType::kFloat16:
         forward_task<F16>(a, l, q, k, v, out, lse, t, buf);
+        break;
+      default:  // not a kernel dtype: callers take only these three
         break;
     }
   }
@@ -277,14 +279,16 @@ OPENNEURON_ISA_BODY void backward_range_body(const AttentionArgs& a, const BwdLa
                                              float* buf) {
   for (int64_t t = t0; t < t1; ++t) {
     switch (a.dtype) {
-      case DType::F32:
+      case DType::kFloat32:
         backward_task<F32>(a, l, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t, buf);
         break;
-      case DType::BF16:
+      case DType::kBFloat16:
         backward_task<BF16>(a, l, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t, buf);
         break;
-      case DType::F16:
+      case DType::kFloat16:
         backward_task<F16>(a, l, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t, buf);
+        break;
+      default:  // not a kernel dtype: callers take only these three
         break;
     }
   }

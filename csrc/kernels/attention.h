@@ -20,11 +20,11 @@ struct Strides4 {
 };
 
 struct AttentionArgs {
-  DType dtype = DType::F32;  // q, k, v, out, grads
+  DType dtype = DType::kFloat32;  // q, k, v, out, grads
   int64_t B = 0, H = 0, L = 0, S = 0, E = 0, Ev = 0;
   Strides4 q, k, v;
   const void* mask = nullptr;  // additive, dtype mask_dtype, broadcast to [B, H, L, S]
-  DType mask_dtype = DType::F32;
+  DType mask_dtype = DType::kFloat32;
   Strides4 m;
   bool causal = false;
   float scale = 1.0f;

@@ -40,12 +40,14 @@ OPENNEURON_ISA_BODY int64_t block_body(DType dt, const void* grad, const I* idx,
                                        int64_t dim, int64_t num_weights, int64_t padding_idx,
                                        void* out, int64_t k0, int64_t k1) {
   switch (dt) {
-    case DType::F32:
+    case DType::kFloat32:
       return rows_block<F32>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);
-    case DType::BF16:
+    case DType::kBFloat16:
       return rows_block<BF16>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);
-    case DType::F16:
+    case DType::kFloat16:
       return rows_block<F16>(grad, idx, n, dim, num_weights, padding_idx, out, k0, k1);
+    default:  // not a kernel dtype: callers take only these three
+      break;
   }
   return 0;
 }

@@ -72,14 +72,16 @@ OPENNEURON_INLINE void apply_op(ForeachOp op, const ForeachTensor& t, int64_t b,
 OPENNEURON_ISA_BODY void apply_chunk_body(ForeachOp op, DType dt, const ForeachTensor& t, int64_t b,
                                           int64_t e) {
   switch (dt) {
-    case DType::F32:
+    case DType::kFloat32:
       apply_op<F32>(op, t, b, e);
       break;
-    case DType::BF16:
+    case DType::kBFloat16:
       apply_op<BF16>(op, t, b, e);
       break;
-    case DType::F16:
+    case DType::kFloat16:
       apply_op<F16>(op, t, b, e);
+      break;
+    default:  // not a kernel dtype: callers take only these three
       break;
   }
 }

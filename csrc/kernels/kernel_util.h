@@ -8,24 +8,13 @@
 #include <cstdint>
 #include <cstring>
 
-#include "ir/numeric.h"
+#include "ir/dtype.h"
 #include "runtime/isa.h"
 
 namespace openneuron::kernels {
 
-enum class DType : uint8_t { F32, BF16, F16 };
-
-inline const char* dtype_name(DType d) {
-  switch (d) {
-    case DType::F32:
-      return "float32";
-    case DType::BF16:
-      return "bfloat16";
-    case DType::F16:
-      return "float16";
-  }
-  return "?";
-}
+// Element types: the IR's (ir/dtype.h); kernels take kFloat32, kBFloat16 and kFloat16.
+using ir::DType;
 
 // Hot loops are OPENNEURON_ISA_BODY functions with an OPENNEURON_ISA_DISPATCH (runtime/isa.h):
 // compiled for x86-64-v4 (AVX-512), v3 (AVX2 + FMA) and the baseline; OPENNEURON_ISA or the CPU
@@ -35,7 +24,7 @@ inline const char* dtype_name(DType d) {
 OPENNEURON_INLINE uint32_t bits_of(float f) { return ir::numeric::f32_bits(f); }
 OPENNEURON_INLINE float float_of(uint32_t u) { return ir::numeric::f32_from_bits(u); }
 
-// bf16/fp16 <-> float, round to nearest even: the one implementation is ir/numeric.h.
+// bf16/fp16 <-> float, round to nearest even: the one implementation is ir/dtype.h.
 OPENNEURON_INLINE float bf16_to_float(uint16_t h) { return ir::numeric::f32_from_bf16(h); }
 OPENNEURON_INLINE uint16_t float_to_bf16(float f) { return ir::numeric::bf16_from_f32(f); }
 OPENNEURON_INLINE float f16_to_float(uint16_t h) { return ir::numeric::f32_from_f16(h); }
@@ -61,26 +50,30 @@ struct F16 {
 // One element of any storage dtype as float, and back (i in elements).
 OPENNEURON_INLINE float load_any(DType d, const void* p, int64_t i) {
   switch (d) {
-    case DType::F32:
+    case DType::kFloat32:
       return static_cast<const float*>(p)[i];
-    case DType::BF16:
+    case DType::kBFloat16:
       return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::F16:
+    case DType::kFloat16:
       return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    default:  // not a kernel dtype: callers take only these three
+      break;
   }
   return 0;
 }
 
 OPENNEURON_INLINE void store_any(DType d, void* p, int64_t i, float v) {
   switch (d) {
-    case DType::F32:
+    case DType::kFloat32:
       static_cast<float*>(p)[i] = v;
       break;
-    case DType::BF16:
+    case DType::kBFloat16:
       static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
       break;
-    case DType::F16:
+    case DType::kFloat16:
       static_cast<uint16_t*>(p)[i] = float_to_f16(v);
+      break;
+    default:  // not a kernel dtype: callers take only these three
       break;
   }
 }
@@ -100,28 +93,32 @@ OPENNEURON_INLINE void from_float(const float* src, void* dst, int64_t offset, i
 
 OPENNEURON_INLINE void load_row(DType d, const void* src, int64_t offset, int64_t n, float* dst) {
   switch (d) {
-    case DType::F32:
+    case DType::kFloat32:
       to_float<F32>(src, offset, n, dst);
       break;
-    case DType::BF16:
+    case DType::kBFloat16:
       to_float<BF16>(src, offset, n, dst);
       break;
-    case DType::F16:
+    case DType::kFloat16:
       to_float<F16>(src, offset, n, dst);
+      break;
+    default:  // not a kernel dtype: callers take only these three
       break;
   }
 }
 
 OPENNEURON_INLINE void store_row(DType d, const float* src, void* dst, int64_t offset, int64_t n) {
   switch (d) {
-    case DType::F32:
+    case DType::kFloat32:
       from_float<F32>(src, dst, offset, n);
       break;
-    case DType::BF16:
+    case DType::kBFloat16:
       from_float<BF16>(src, dst, offset, n);
       break;
-    case DType::F16:
+    case DType::kFloat16:
       from_float<F16>(src, dst, offset, n);
+      break;
+    default:  // not a kernel dtype: callers take only these three
       break;
   }
 }
@@ -130,14 +127,16 @@ OPENNEURON_INLINE void store_row(DType d, const float* src, void* dst, int64_t o
 template <class F>
 void dispatch_dtype(DType d, F&& f) {
   switch (d) {
-    case DType::F32:
+    case DType::kFloat32:
       f(F32{});
       break;
-    case DType::BF16:
+    case DType::kBFloat16:
       f(BF16{});
       break;
-    case DType::F16:
+    case DType::kFloat16:
       f(F16{});
+      break;
+    default:  // not a kernel dtype: callers take only these three
       break;
   }
 }

@@ -13,9 +13,9 @@
 namespace openneuron::kernels {
 
 struct LayerNormTypes {
-  DType dtype = DType::F32;   // x, y, dy, dx
-  DType wdtype = DType::F32;  // weight, bias, dweight, dbias
-  DType sdtype = DType::F32;  // mean, rstd
+  DType dtype = DType::kFloat32;   // x, y, dy, dx
+  DType wdtype = DType::kFloat32;  // weight, bias, dweight, dbias
+  DType sdtype = DType::kFloat32;  // mean, rstd
 };
 
 // weight / bias may be null. mean / rstd: rows elements each. n must be positive (n == 0 writes

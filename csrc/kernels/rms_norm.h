@@ -13,8 +13,8 @@
 namespace openneuron::kernels {
 
 struct RmsNormTypes {
-  DType dtype = DType::F32;   // x, y, dy, dx
-  DType wdtype = DType::F32;  // weight, dweight
+  DType dtype = DType::kFloat32;   // x, y, dy, dx
+  DType wdtype = DType::kFloat32;  // weight, dweight
 };
 
 // weight may be null. rstd: rows float32 values (may be null: not wanted).

@@ -1,6 +1,6 @@
 // The scalar reference the IR interpreter's tests compare against: it evaluates every element
 // on its own (multi-index walk, one node at a time, rounding per dtype with frexp-based code
-// independent of csrc/ir/numeric.h), plus operand buffers in every dtype and small kernel
+// independent of csrc/ir/dtype.h), plus operand buffers in every dtype and small kernel
 // builders. Reusable by any test of code that lowers to the IR (fusion, custom kernels).
 // NOTE: test-only and header-only; its anonymous namespace gives each test binary's file its
 // own copy.

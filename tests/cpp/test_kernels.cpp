@@ -128,7 +128,7 @@ TEST_P(Kernels, LayerNormBfloatStorage) {
   auto xf = randn(rows * n, 5);
   std::vector<uint16_t> x(rows * n), y(rows * n), mean(rows), rstd(rows);
   for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16(xf[i]);
-  LayerNormTypes t{DType::BF16, DType::BF16, DType::BF16};
+  LayerNormTypes t{DType::kBFloat16, DType::kBFloat16, DType::kBFloat16};
   layer_norm_forward(t, x.data(), nullptr, nullptr, y.data(), mean.data(), rstd.data(), rows, n,
                      1e-5f);
   for (int64_t r = 0; r < rows; ++r) {
@@ -297,7 +297,7 @@ TEST_P(Kernels, EmbeddingBackwardSumsRowsInOrder) {
   idx[7] = 2;  // padding
   std::vector<float> out(nw * dim, -1.0f);
   int64_t bad = -1;
-  embedding_backward(DType::F32, g.data(), idx.data(), false, n, dim, nw, 2, out.data(), &bad);
+  embedding_backward(DType::kFloat32, g.data(), idx.data(), false, n, dim, nw, 2, out.data(), &bad);
   EXPECT_EQ(bad, 0);
   std::vector<float> ref(nw * dim, 0.0f);
   for (int64_t i = 0; i < n; ++i)
@@ -306,7 +306,8 @@ TEST_P(Kernels, EmbeddingBackwardSumsRowsInOrder) {
   for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(out[i], ref[i]) << i;  // same order: bitwise
   // -1 is the padding index here (skipped, as ATen does); 1000 and -2 are out of range.
   std::vector<int32_t> idx32{0, 1000, -1, -2, 4};
-  embedding_backward(DType::F32, g.data(), idx32.data(), true, 5, dim, nw, -1, out.data(), &bad);
+  embedding_backward(DType::kFloat32, g.data(), idx32.data(), true, 5, dim, nw, -1, out.data(),
+                     &bad);
   EXPECT_EQ(bad, 2);
 }
 
@@ -336,7 +337,7 @@ TEST_P(Kernels, ForeachOpsMatchScalarMath) {
       t[i].s = i == 0 ? 0.3f : 0.8f;
       t[i].numel = i == 0 ? 30000 : 10000;
     }
-    foreach_apply(op, DType::F32, t, 2);
+    foreach_apply(op, DType::kFloat32, t, 2);
     for (int64_t i = 0; i < 40000; i += 7) {
       const float s = i < 30000 ? 0.3f : 0.8f, x = a[i], y = b[i], z = c[i];
       float want = 0;

@@ -96,7 +96,7 @@ TEST_P(RmsNormKernel, Float32ForwardBackward) {
       const auto g = randn(rows * n, 3);
       const float* wp = with_w ? w.data() : nullptr;
       std::vector<float> y(rows * n), rstd(rows), dx(rows * n), dw(n, -1.0f);
-      const RmsNormTypes t{DType::F32, DType::F32};
+      const RmsNormTypes t{DType::kFloat32, DType::kFloat32};
       rms_norm_forward(t, x.data(), wp, y.data(), rstd.data(), rows, n, 1e-5f);
       rms_norm_backward(t, g.data(), x.data(), rstd.data(), wp, dx.data(),
                         with_w ? dw.data() : nullptr, rows, n);
@@ -118,12 +118,14 @@ TEST_P(RmsNormKernel, Float32ForwardBackward) {
 
 TEST_P(RmsNormKernel, HalfStorageWithFloatWeight) {
   const int64_t rows = 9, n = 40;
-  for (const DType d : {DType::BF16, DType::F16}) {
+  for (const DType d : {DType::kBFloat16, DType::kFloat16}) {
     const auto xf = randn(rows * n, 4);
     const auto gf = randn(rows * n, 5);
     const auto w = randn(n, 6, 0.3f, 1.0f);
-    auto to16 = [&](float v) { return d == DType::BF16 ? float_to_bf16(v) : float_to_f16(v); };
-    auto from16 = [&](uint16_t v) { return d == DType::BF16 ? bf16_to_float(v) : f16_to_float(v); };
+    auto to16 = [&](float v) { return d == DType::kBFloat16 ? float_to_bf16(v) : float_to_f16(v); };
+    auto from16 = [&](uint16_t v) {
+      return d == DType::kBFloat16 ? bf16_to_float(v) : f16_to_float(v);
+    };
     std::vector<uint16_t> x(rows * n), g(rows * n), y(rows * n), dx(rows * n);
     std::vector<float> xr(rows * n), gr(rows * n), rstd(rows), dw(n);
     for (size_t i = 0; i < x.size(); ++i) {
@@ -132,11 +134,11 @@ TEST_P(RmsNormKernel, HalfStorageWithFloatWeight) {
       xr[i] = from16(x[i]);
       gr[i] = from16(g[i]);
     }
-    const RmsNormTypes t{d, DType::F32};
+    const RmsNormTypes t{d, DType::kFloat32};
     rms_norm_forward(t, x.data(), w.data(), y.data(), rstd.data(), rows, n, 1e-6f);
     rms_norm_backward(t, g.data(), x.data(), rstd.data(), w.data(), dx.data(), dw.data(), rows, n);
     const Ref r = reference(xr, w.data(), gr, rows, n, 1e-6);
-    const double tol = d == DType::BF16 ? 1e-2 : 1e-3;
+    const double tol = d == DType::kBFloat16 ? 1e-2 : 1e-3;
     for (size_t i = 0; i < y.size(); ++i) {
       ASSERT_NEAR(from16(y[i]), r.y[i], tol * (1 + std::fabs(r.y[i])));
       ASSERT_NEAR(from16(dx[i]), r.dx[i], tol * (1 + std::fabs(r.dx[i])));
@@ -149,7 +151,7 @@ TEST(RmsNormKernelDeterminism, WeightGradIndependentOfThreads) {
   const int64_t rows = 1000, n = 64;
   const auto x = randn(rows * n, 7), g = randn(rows * n, 8), w = randn(n, 9);
   std::vector<float> rstd(rows), y(rows * n), dw1(n), dw2(n), dx1(rows * n), dx2(rows * n);
-  const RmsNormTypes t{DType::F32, DType::F32};
+  const RmsNormTypes t{DType::kFloat32, DType::kFloat32};
   rms_norm_forward(t, x.data(), w.data(), y.data(), rstd.data(), rows, n, 1e-5f);
   rms_norm_backward(t, g.data(), x.data(), rstd.data(), w.data(), dx1.data(), dw1.data(), rows, n);
   two_threads();
@@ -167,10 +169,10 @@ TEST_P(RmsNormKernel, CrossEntropyForwardBackward) {
   for (int64_t r = 0; r < rows; ++r) t[r] = r % 5 == 0 ? ignore : (r * 37) % classes;
   const auto gr = randn(rows, 11);
   std::vector<float> loss(rows), lse(rows), dx(rows * classes);
-  EXPECT_EQ(0, cross_entropy_forward(DType::F32, x.data(), t.data(), loss.data(), lse.data(), rows,
-                                     classes, ignore));
-  cross_entropy_backward(DType::F32, x.data(), t.data(), lse.data(), gr.data(), 1, 0.5f, dx.data(),
-                         rows, classes, ignore);
+  EXPECT_EQ(0, cross_entropy_forward(DType::kFloat32, x.data(), t.data(), loss.data(), lse.data(),
+                                     rows, classes, ignore));
+  cross_entropy_backward(DType::kFloat32, x.data(), t.data(), lse.data(), gr.data(), 1, 0.5f,
+                         dx.data(), rows, classes, ignore);
   for (int64_t r = 0; r < rows; ++r) {
     double m = -1e300, s = 0;
     for (int64_t k = 0; k < classes; ++k) m = std::max(m, double(x[r * classes + k]));
@@ -187,8 +189,8 @@ TEST_P(RmsNormKernel, CrossEntropyForwardBackward) {
     }
   }
   t[3] = classes;  // out of range: counted, not read
-  EXPECT_EQ(1, cross_entropy_forward(DType::F32, x.data(), t.data(), loss.data(), lse.data(), rows,
-                                     classes, ignore));
+  EXPECT_EQ(1, cross_entropy_forward(DType::kFloat32, x.data(), t.data(), loss.data(), lse.data(),
+                                     rows, classes, ignore));
 }
 
 INSTANTIATE_TEST_SUITE_P(SerialAndParallel, RmsNormKernel, ::testing::Bool());

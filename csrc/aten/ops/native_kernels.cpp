@@ -44,8 +44,8 @@ std::optional<kernels::LayerNormTypes> ln_types(const at::Tensor& x, const at::T
   const at::Tensor& p = w.defined() ? w : b;
   if (p.defined() && p.scalar_type() != x.scalar_type()) {
     if (p.scalar_type() != c10::ScalarType::Float) return std::nullopt;
-    t.wdtype = kernels::DType::F32;
-    t.sdtype = kernels::DType::F32;
+    t.wdtype = kernels::DType::kFloat32;
+    t.sdtype = kernels::DType::kFloat32;
   }
   if (w.defined() && b.defined() && w.scalar_type() != b.scalar_type()) return std::nullopt;
   return t;
@@ -85,7 +85,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(
   c10::SmallVector<int64_t, 5> stat_sizes(input.sizes().begin(), input.sizes().begin() + axis);
   stat_sizes.append(normalized_shape.size(), 1);
   const c10::ScalarType stat_dtype =
-      types->sdtype == kernels::DType::F32 ? c10::ScalarType::Float : input.scalar_type();
+      types->sdtype == kernels::DType::kFloat32 ? c10::ScalarType::Float : input.scalar_type();
   at::Tensor out = empty_on(input.sizes(), input.scalar_type(), input.device());
   at::Tensor mean = empty_on(stat_sizes, stat_dtype, input.device());
   at::Tensor rstd = empty_on(stat_sizes, stat_dtype, input.device());
@@ -124,7 +124,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
   if (ok) types = ln_types(input, w, b);
   if (types) {
     const c10::ScalarType stat_dtype =
-        types->sdtype == kernels::DType::F32 ? c10::ScalarType::Float : input.scalar_type();
+        types->sdtype == kernels::DType::kFloat32 ? c10::ScalarType::Float : input.scalar_type();
     if (mean.scalar_type() != stat_dtype || rstd.scalar_type() != stat_dtype) types.reset();
   }
   if (!types) {

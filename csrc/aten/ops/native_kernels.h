@@ -13,7 +13,9 @@
 #include <optional>
 #include <utility>
 
+#include "aten/dtype.h"
 #include "aten/errors.h"
+#include "aten/ops/enqueue.h"
 #include "aten/ops/fallback.h"
 #include "aten/ops/op_table.h"
 #include "aten/origin_capture.h"
@@ -26,19 +28,6 @@ namespace openneuron::aten {
 // torch.ops.openneuron._set_native_kernels(False) at run time. Off = every op takes the path it
 // takes without these kernels (the asynchronous ATen path); used by benchmarks/kernels.py.
 bool native_kernels_enabled();
-
-inline std::optional<kernels::DType> kernel_dtype(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float:
-      return kernels::DType::F32;
-    case c10::ScalarType::BFloat16:
-      return kernels::DType::BF16;
-    case c10::ScalarType::Half:
-      return kernels::DType::F16;
-    default:
-      return std::nullopt;
-  }
-}
 
 inline bool on_neuron(const at::Tensor& t) { return t.defined() && t.device().is_privateuseone(); }
 
@@ -56,17 +45,12 @@ inline at::Tensor empty_on(c10::IntArrayRef sizes, c10::ScalarType dtype, c10::D
                                    std::nullopt);
 }
 
-// Enqueues fn as one work item on the current stream of `device`, named after the op.
-// NOTE: fn captures raw device pointers only, never tensors (stream-ordered frees keep the
-// memory valid until the work has run, as on CUDA; see host_views.h).
+// Enqueues fn as one work item on the current stream of `device`, named after the op, and
+// counts the native call (enqueue.h).
 template <class F>
 void enqueue_native(OpInfo& info, c10::Device device, F&& fn) {
   info.native_calls.fetch_add(1, std::memory_order_relaxed);
-  runtime::Work work;
-  work.name = info.name;
-  work.origin = origin_capture();
-  work.fn = std::forward<F>(fn);
-  with_torch_errors([&] { runtime::stream_current(device.index()).enqueue(std::move(work)); });
+  enqueue_op(device, info.name, std::forward<F>(fn));
 }
 
 // Calls op through the boxed PrivateUse1 fallback (the path without a native kernel).

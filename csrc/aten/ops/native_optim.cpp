@@ -71,7 +71,7 @@ void fused_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_
                 double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
                 const std::optional<at::Tensor>& grad_scale,
                 const std::optional<at::Tensor>& found_inf) {
-  kernels::DType dtype = kernels::DType::F32;
+  kernels::DType dtype = kernels::DType::kFloat32;
   auto list = adam_list(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, amsgrad,
                         grad_scale, found_inf, &dtype);
   const float* lr_ptr = nullptr;

@@ -1,14 +1,71 @@
-// Scalar conversions between float32 and bfloat16/float16 bit patterns, round to nearest even,
-// written branch-free so loops over them auto-vectorize. Torch-free; the one implementation for
-// csrc/ir and csrc/kernels (kernel_util.h). Always inlined, so per-ISA loop bodies
+// The element types of csrc/ir and csrc/kernels and their conversions: DType, its size/name/
+// class, and float32 <-> bfloat16/float16 bit patterns, round to nearest even, written
+// branch-free so loops over them auto-vectorize. Torch-free; the one definition for both (the
+// ATen side maps c10::ScalarType to it in aten/dtype.h). Always inlined, so per-ISA loop bodies
 // (OPENNEURON_ISA_BODY) get them in their own instruction set. The half algorithms follow the
 // public-domain FP16 library (Maratos Dukhan).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #define OPENNEURON_NUMERIC_INLINE inline __attribute__((always_inline))
+
+namespace openneuron::ir {
+
+// Value types. bf16/fp16 values compute in float32 and are rounded (nearest-even) to their dtype
+// after every op, as eager ATen does op by op. The hand-written kernels take the three floating
+// types kFloat32, kBFloat16 and kFloat16.
+enum class DType : uint8_t { kFloat32, kBFloat16, kFloat16, kFloat64, kInt32, kInt64, kBool };
+constexpr int kNumDTypes = 7;
+
+// bytes per element in memory
+constexpr size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
+    case DType::kFloat64:
+    case DType::kInt64:
+      return 8;
+    case DType::kBool:
+      return 1;
+  }
+  return 0;
+}
+// "f32", "bf16", "f16", "f64", "i32", "i64", "bool" (the IR's text form)
+constexpr const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::kFloat32:
+      return "f32";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat16:
+      return "f16";
+    case DType::kFloat64:
+      return "f64";
+    case DType::kInt32:
+      return "i32";
+    case DType::kInt64:
+      return "i64";
+    case DType::kBool:
+      return "bool";
+  }
+  return "?";
+}
+constexpr bool dtype_is_floating(DType dt) {  // f32, bf16, f16, f64
+  return dt == DType::kFloat32 || dt == DType::kBFloat16 || dt == DType::kFloat16 ||
+         dt == DType::kFloat64;
+}
+constexpr bool dtype_is_integral(DType dt) {  // i32, i64 (not bool)
+  return dt == DType::kInt32 || dt == DType::kInt64;
+}
+
+}  // namespace openneuron::ir
 
 namespace openneuron::ir::numeric {
 
