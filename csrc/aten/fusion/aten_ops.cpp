@@ -37,6 +37,7 @@
 #include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 
+#include "aten/dtype.h"
 #include "aten/fusion/fusion.h"
 #include "aten/fusion/recorder.h"
 #include "aten/ops/host_views.h"
@@ -45,14 +46,15 @@
 namespace openneuron::aten::fusion {
 namespace {
 
+// One bit per ir::DType (bit i = DType i).
 enum DtMask : uint16_t {
-  kF32 = 1,
-  kBF16 = 2,
-  kF16 = 4,
-  kF64 = 8,
-  kI32 = 16,
-  kI64 = 32,
-  kBool = 64,
+  kF32 = 1 << static_cast<int>(ir::DType::kFloat32),
+  kBF16 = 1 << static_cast<int>(ir::DType::kBFloat16),
+  kF16 = 1 << static_cast<int>(ir::DType::kFloat16),
+  kF64 = 1 << static_cast<int>(ir::DType::kFloat64),
+  kI32 = 1 << static_cast<int>(ir::DType::kInt32),
+  kI64 = 1 << static_cast<int>(ir::DType::kInt64),
+  kBool = 1 << static_cast<int>(ir::DType::kBool),
   kFloats = kF32 | kBF16 | kF16 | kF64,
   kNumeric = kFloats | kI32 | kI64,
   kAll = kNumeric | kBool,
@@ -60,24 +62,8 @@ enum DtMask : uint16_t {
 };
 
 uint16_t mask_of(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float:
-      return kF32;
-    case c10::ScalarType::BFloat16:
-      return kBF16;
-    case c10::ScalarType::Half:
-      return kF16;
-    case c10::ScalarType::Double:
-      return kF64;
-    case c10::ScalarType::Int:
-      return kI32;
-    case c10::ScalarType::Long:
-      return kI64;
-    case c10::ScalarType::Bool:
-      return kBool;
-    default:
-      return 0;
-  }
+  const std::optional<ir::DType> d = ir_dtype(t);
+  return d ? static_cast<uint16_t>(1u << static_cast<int>(*d)) : 0;
 }
 
 enum class Result : uint8_t { kCompute, kBool, kFloat };  // result dtype rule

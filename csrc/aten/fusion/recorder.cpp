@@ -1,15 +1,14 @@
 // The adaptive-eager recorder: one process-wide pending group (ops of one stream, one iteration
-// shape), its boundaries, its lowering to an ir::Kernel (cached by structure) and the work item
-// that runs it; plus stats and the OPENNEURON_FUSION_LOG lines. What an ATen op means is decided
-// in aten_ops.cpp; the math the kernel calls is installed by math_hooks.cpp.
+// shape, group.h), its boundaries, its ir::Kernel (cached by structure) and the work item that
+// runs it; plus stats and the OPENNEURON_FUSION_LOG lines. What an ATen op means is decided in
+// aten_ops.cpp, what it computes as IR values in lowering.cpp; the math the kernel calls is
+// installed by math_hooks.cpp.
 // NOTE: the group holds strong references to every storage it reads or writes, so no block it
 // names can be freed and reused before it is enqueued; a result is written only if someone
 // besides the group still references its storage at close (dead intermediates are never
 // written). The runtime's flush hook (runtime/stream.h) closes the group before ANY other work
 // is queued, copied or waited for, so eager order is never violated, from any thread.
 #include "aten/fusion/recorder.h"
-
-#include <c10/util/SmallVector.h>
 
 #include <cinttypes>
 #include <cmath>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "aten/errors.h"
+#include "aten/fusion/group.h"
 #include "ir/execute.h"
 #include "runtime/config.h"
 #include "runtime/stream.h"
@@ -36,10 +36,10 @@ std::atomic<bool> pending{false};
 
 namespace {
 
-using ir::DType;
-using ir::Op;
-
-constexpr int kMaxDims = 16;
+using detail::DType;
+using detail::Op;
+using detail::Recorder;
+using detail::recorder;
 
 std::atomic<bool> g_log{false};
 std::atomic<int> g_max_ops{64};
@@ -50,70 +50,6 @@ struct AtomicStats {
       bytes_saved{0}, outputs_written{0}, outputs_dead{0};
 };
 AtomicStats g_stats;
-
-DType dtype_of(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float:
-      return DType::kFloat32;
-    case c10::ScalarType::BFloat16:
-      return DType::kBFloat16;
-    case c10::ScalarType::Half:
-      return DType::kFloat16;
-    case c10::ScalarType::Double:
-      return DType::kFloat64;
-    case c10::ScalarType::Int:
-      return DType::kInt32;
-    case c10::ScalarType::Long:
-      return DType::kInt64;
-    case c10::ScalarType::Bool:
-      return DType::kBool;
-    default:
-      TORCH_INTERNAL_ASSERT(false, "adaptive eager: unsupported dtype ", t);
-  }
-}
-
-// A node of the pending group; replayed into an ir::KernelBuilder at close. Plain bytes, so the
-// group's structure is its own cache key.
-struct GNode {
-  Op op;
-  DType dtype;
-  int16_t index;  // kLoad: input operand; kCast: unused
-  int32_t args[3];
-  uint64_t payload;  // kConstant: double bits (floating) or int64 (integral/bool)
-};
-static_assert(sizeof(GNode) == 24, "GNode is hashed as raw bytes");
-
-struct Input {
-  c10::Storage storage;  // keeps the block alive until the group is enqueued
-  void* data;
-  int64_t nbytes;                        // the tensor's own bytes (traffic accounting)
-  c10::SmallVector<int64_t, 6> strides;  // in the iteration space, 0 = broadcast
-  // exact geometry, to dedupe loads of the same tensor
-  int64_t offset;
-  c10::SmallVector<int64_t, 6> sizes, tstrides;
-  c10::ScalarType dtype;
-  bool released = false;     // dead and given back early: see Recorder::release_dead
-  uintptr_t lo = 0, hi = 0;  // the bytes the kernel reads
-};
-
-struct Output {
-  c10::Storage storage;  // released (empty) once dead: see Recorder::release_dead
-  void* data;
-  int64_t nbytes;
-  c10::SmallVector<int64_t, 6> strides;
-  int64_t offset;
-  c10::ScalarType dtype;
-  int32_t value;
-  bool released = false;
-};
-
-struct Launch {
-  std::shared_ptr<const ir::Kernel> kernel;
-  int ndim = 0;
-  int64_t sizes[kMaxDims];
-  std::vector<void*> ptrs;       // inputs then outputs
-  std::vector<int64_t> strides;  // ndim per operand, same order
-};
 
 // Bytes from t's data pointer to one past its last element (strides are non-negative).
 uintptr_t extent_bytes(const at::Tensor& t) {
@@ -127,104 +63,35 @@ bool same_geom(const at::Tensor& t, int64_t offset, c10::IntArrayRef sizes,
   return t.storage_offset() == offset && t.sizes().equals(sizes) && t.strides().equals(strides);
 }
 
-class Recorder {
- public:
-  bool record(const OpRecord& r, std::vector<c10::Storage>* garbage);
-  void flush(const char* reason, std::vector<c10::Storage>* garbage);
-
- private:
-  bool place(const OpRecord& r, int* inplace_out, bool* inplace_input_out,
-             std::vector<c10::Storage>* garbage);
-  int32_t lower(const OpRecord& r);
-  bool empty() const { return ops_ == 0; }
-  // NOTE: a result whose storage only the group still references can never be read again
-  // (values flow through the DAG, not memory) nor written (it is dead): its block goes back to
-  // the allocator at once, so a long group holds no more memory than eager would. A later
-  // output of the same group may reuse the block; nothing reads or writes the dead one.
-  // NOTE: a dead INPUT (only the group references it) is given back early too, but only while
-  // its device has used nothing but the default stream: then its block can be reused only by
-  // default-stream allocations, whose writers either flush the group first (any enqueue) or
-  // are outputs of this group, which record() lets alias a released input only exactly
-  // (same address, dtype and strides: the kernel reads each element before writing it).
-  void release_dead(std::vector<c10::Storage>* garbage) {
-    for (Output& o : outputs_) {
-      if (!o.released && o.storage.use_count() == 1) {
-        garbage->push_back(std::move(o.storage));
-        o.storage = c10::Storage();
-        o.released = true;
+int coalesce(c10::SmallVector<int64_t, 6>& sizes, std::vector<int64_t*>& strides) {
+  int nd = 0;
+  const int n = static_cast<int>(sizes.size());
+  for (int d = 0; d < n; ++d) {
+    if (sizes[d] == 1) continue;
+    if (nd > 0) {
+      bool merge = true;
+      for (int64_t* s : strides) merge &= s[nd - 1] == s[d] * sizes[d];
+      if (merge) {
+        sizes[nd - 1] *= sizes[d];
+        for (int64_t* s : strides) s[nd - 1] = s[d];
+        continue;
       }
     }
-    if (empty() || stream_id_ != 0 || runtime::stream_non_default_used(device_)) return;
-    for (Input& in : inputs_) {
-      if (!in.released && in.storage.use_count() == 1) {
-        garbage->push_back(std::move(in.storage));
-        in.storage = c10::Storage();
-        in.released = true;
-      }
-    }
+    sizes[nd] = sizes[d];
+    for (int64_t* s : strides) s[nd] = s[d];
+    ++nd;
   }
-  void reset(std::vector<c10::Storage>* garbage);
-  int32_t push(GNode n) {
-    nodes_.push_back(n);
-    return static_cast<int32_t>(nodes_.size() - 1);
-  }
-  int32_t constant(const c10::Scalar& s, DType dt);
-  int32_t cast(int32_t v, DType dt) {
-    if (nodes_[v].dtype == dt) return v;
-    return push({Op::kCast, dt, -1, {v, -1, -1}, 0});
-  }
-  int32_t unary(Op op, int32_t a) { return push({op, nodes_[a].dtype, -1, {a, -1, -1}, 0}); }
-  int32_t binary(Op op, int32_t a, int32_t b, DType dt) {
-    return push({op, dt, -1, {a, b, -1}, 0});
-  }
-  // The value of a tensor operand: a pending result with the same geometry, or a load.
-  int32_t value_of(const at::Tensor& t);
-  std::shared_ptr<const ir::Kernel> kernel_for(const std::vector<int>& live, bool* hit);
+  sizes.resize(nd);
+  return nd;
+}
 
-  std::mutex mu_;
-  // the pending group
-  int ops_ = 0;
-  c10::DeviceIndex device_ = -1;
-  int64_t stream_id_ = 0;
-  c10::SmallVector<int64_t, 6> sizes_;
-  int64_t numel_ = 0;
-  std::vector<GNode> nodes_;
-  std::vector<Input> inputs_;
-  std::vector<Output> outputs_;
-  std::vector<const char*> names_;
-  int64_t eager_bytes_ = 0;
-  std::unordered_map<std::string, std::shared_ptr<const ir::Kernel>> cache_;
-  uint64_t group_seq_ = 0;
+}  // namespace
 
- public:
-  std::mutex& mu() { return mu_; }
-  void release_dead_now(std::vector<c10::Storage>* garbage) { release_dead(garbage); }
-};
+namespace detail {
 
 Recorder& recorder() {
   static Recorder* r = new Recorder;  // NOTE: never destroyed (used from executor threads)
   return *r;
-}
-
-int32_t Recorder::constant(const c10::Scalar& s, DType dt) {
-  GNode n{Op::kConstant, dt, -1, {-1, -1, -1}, 0};
-  if (ir::dtype_is_floating(dt)) {
-    double v = s.isBoolean()         ? (s.toBool() ? 1.0 : 0.0)
-               : s.isIntegral(false) ? static_cast<double>(s.toLong())
-                                     : s.toDouble();
-    // NOTE: an int64 scalar converts to float directly (c10::convert), not through double.
-    if (s.isIntegral(false) && dt != DType::kFloat64) {
-      v = static_cast<double>(static_cast<float>(s.toLong()));
-    }
-    std::memcpy(&n.payload, &v, 8);
-  } else {
-    int64_t v = s.isBoolean()         ? (s.toBool() ? 1 : 0)
-                : s.isIntegral(false) ? s.toLong()
-                                      : static_cast<int64_t>(s.toDouble());
-    if (dt == DType::kBool) v = s.isFloatingPoint() ? (s.toDouble() != 0) : (v != 0);
-    std::memcpy(&n.payload, &v, 8);
-  }
-  return push(n);
 }
 
 int32_t Recorder::value_of(const at::Tensor& t) {
@@ -378,131 +245,6 @@ bool Recorder::place(const OpRecord& r, int* inplace_out, bool* inplace_input_ou
   return true;
 }
 
-// Fusion lowering: op r as IR values on the pending group, its operands cast to the compute
-// dtype as TensorIterator does and the result to the output's dtype. Caller holds mu_.
-int32_t Recorder::lower(const OpRecord& r) {
-  const at::Tensor& out = *r.out;
-  const DType ct = dtype_of(r.compute);
-  const DType od = dtype_of(out.scalar_type());
-  int32_t v[3] = {-1, -1, -1};
-  for (int i = 0; i < r.nargs; ++i) {
-    const Arg& a = r.args[i];
-    if (a.tensor) {
-      v[i] = value_of(*a.tensor);
-      eager_bytes_ += a.tensor->numel() * static_cast<int64_t>(a.tensor->itemsize());
-    } else {
-      v[i] = -2;  // constant, made below in the right dtype
-    }
-  }
-  auto operand = [&](int i, DType dt) {
-    return v[i] == -2 ? constant(r.args[i].scalar, dt) : cast(v[i], dt);
-  };
-  int32_t res = -1;
-  switch (r.fn) {
-    case Fn::kNeg:
-      res = unary(Op::kNeg, operand(0, ct));
-      break;
-    case Fn::kAbs:
-      res = unary(Op::kAbs, operand(0, ct));
-      break;
-    case Fn::kReciprocal:
-      res = unary(Op::kReciprocal, operand(0, ct));
-      break;
-    case Fn::kSqrt:
-      res = unary(Op::kSqrt, operand(0, ct));
-      break;
-    case Fn::kRsqrt:
-      res = unary(Op::kRsqrt, operand(0, ct));
-      break;
-    case Fn::kExp:
-      res = unary(Op::kExp, operand(0, ct));
-      break;
-    case Fn::kLog:
-      res = unary(Op::kLog, operand(0, ct));
-      break;
-    case Fn::kCos:
-      res = unary(Op::kCos, operand(0, ct));
-      break;
-    case Fn::kTanh:
-      res = unary(Op::kTanh, operand(0, ct));
-      break;
-    case Fn::kErf:
-      res = unary(Op::kErf, operand(0, ct));
-      break;
-    case Fn::kSquare: {
-      int32_t x = operand(0, ct);
-      res = binary(Op::kMul, x, x, ct);
-      break;
-    }
-    case Fn::kCube: {
-      int32_t x = operand(0, ct);
-      res = binary(Op::kMul, binary(Op::kMul, x, x, ct), x, ct);
-      break;
-    }
-    case Fn::kRelu: {
-      int32_t x = operand(0, ct);
-      int32_t zero = constant(c10::Scalar(int64_t{0}), ct);
-      int32_t neg = binary(Op::kLt, x, zero, DType::kBool);
-      res = push({Op::kWhere, ct, -1, {neg, zero, x}, 0});
-      break;
-    }
-    case Fn::kCast:
-      res = operand(0, od);
-      break;
-    case Fn::kAdd:
-    case Fn::kSub:
-    case Fn::kMul:
-    case Fn::kDiv: {
-      const Op op = r.fn == Fn::kAdd   ? Op::kAdd
-                    : r.fn == Fn::kSub ? Op::kSub
-                    : r.fn == Fn::kMul ? Op::kMul
-                                       : Op::kDiv;
-      if (r.scalar_opmath) {
-        int32_t a = cast(operand(0, ct), DType::kFloat32);
-        int32_t b = constant(r.args[1].scalar, DType::kFloat32);
-        res = cast(binary(op, a, b, DType::kFloat32), ct);
-      } else {
-        res = binary(op, operand(0, ct), operand(1, ct), ct);
-      }
-      break;
-    }
-    case Fn::kEq:
-    case Fn::kNe:
-    case Fn::kLt:
-    case Fn::kLe:
-    case Fn::kGt:
-    case Fn::kGe: {
-      static const Op ops[] = {Op::kEq, Op::kNe, Op::kLt, Op::kLe, Op::kGt, Op::kGe};
-      const Op op = ops[static_cast<int>(r.fn) - static_cast<int>(Fn::kEq)];
-      res = binary(op, operand(0, ct), operand(1, ct), DType::kBool);
-      break;
-    }
-    case Fn::kWhere: {
-      int32_t c = operand(0, DType::kBool);
-      res = push({Op::kWhere, ct, -1, {c, operand(1, ct), operand(2, ct)}, 0});
-      break;
-    }
-    case Fn::kAddcmul:
-    case Fn::kAddcdiv: {
-      int32_t self = operand(0, ct), t1 = operand(1, ct), t2 = operand(2, ct);
-      int32_t p = binary(Op::kMul, constant(r.param, ct), t1, ct);
-      res = r.fn == Fn::kAddcmul ? push({Op::kFma, ct, -1, {p, t2, self}, 0})
-                                 : binary(Op::kAdd, self, binary(Op::kDiv, p, t2, ct), ct);
-      break;
-    }
-    case Fn::kLerp: {
-      int32_t self = operand(0, ct), end = operand(1, ct);
-      int32_t d = binary(Op::kSub, end, self, ct);
-      const float w = static_cast<float>(r.param.toDouble());
-      const bool small = std::abs(w) < 0.5f;
-      int32_t c = constant(c10::Scalar(static_cast<double>(small ? w : w - 1.0f)), ct);
-      res = push({Op::kFma, ct, -1, {c, d, small ? self : end}, 0});
-      break;
-    }
-  }
-  return cast(res, od);
-}
-
 bool Recorder::record(const OpRecord& r, std::vector<c10::Storage>* garbage) {
   const at::Tensor& out = *r.out;
   std::lock_guard<std::mutex> lock(mu_);
@@ -610,28 +352,6 @@ void Recorder::reset(std::vector<c10::Storage>* garbage) {
 }
 
 // Coalesces dims that every operand walks contiguously (row-major), dropping size-1 dims.
-int coalesce(c10::SmallVector<int64_t, 6>& sizes, std::vector<int64_t*>& strides) {
-  int nd = 0;
-  const int n = static_cast<int>(sizes.size());
-  for (int d = 0; d < n; ++d) {
-    if (sizes[d] == 1) continue;
-    if (nd > 0) {
-      bool merge = true;
-      for (int64_t* s : strides) merge &= s[nd - 1] == s[d] * sizes[d];
-      if (merge) {
-        sizes[nd - 1] *= sizes[d];
-        for (int64_t* s : strides) s[nd - 1] = s[d];
-        continue;
-      }
-    }
-    sizes[nd] = sizes[d];
-    for (int64_t* s : strides) s[nd] = s[d];
-    ++nd;
-  }
-  sizes.resize(nd);
-  return nd;
-}
-
 void Recorder::flush(const char* reason, std::vector<c10::Storage>* garbage) {
   if (empty()) {
     detail::pending.store(false, std::memory_order_release);
@@ -732,15 +452,11 @@ void Recorder::flush(const char* reason, std::vector<c10::Storage>* garbage) {
   if (error) std::rethrow_exception(error);
 }
 
-}  // namespace
+}  // namespace detail
 
-const char* fn_name(Fn fn) {
-  static const char* names[] = {
-      "neg",    "abs",  "reciprocal", "sqrt", "rsqrt", "exp",     "log",     "cos", "tanh", "erf",
-      "square", "cube", "relu",       "cast", "add",   "sub",     "mul",     "div", "eq",   "ne",
-      "lt",     "le",   "gt",         "ge",   "where", "addcmul", "addcdiv", "lerp"};
-  return names[static_cast<int>(fn)];
-}
+namespace {
+using detail::recorder;
+}  // namespace
 
 bool record(const OpRecord& r) {
   std::vector<c10::Storage> garbage;

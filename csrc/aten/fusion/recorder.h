@@ -48,7 +48,8 @@ enum class Fn : uint8_t {
   kAddcdiv,  // self + (value * t1) / t2
   kLerp,     // lerp(self, end, weight scalar): ATen's fma form, |w| < 0.5 from self else end
 };
-const char* fn_name(Fn fn);
+constexpr int kNumFns = static_cast<int>(Fn::kLerp) + 1;  // kLerp stays last
+const char* fn_name(Fn fn);  // "add", ...: lowering.cpp, next to what each Fn lowers to
 
 // One operand: a neuron tensor (`tensor` set) or a scalar (Python number or CPU 0-dim tensor,
 // already read into `scalar`).
