@@ -15,6 +15,7 @@
 
 #include "aten/errors.h"
 #include "aten/fusion/fusion.h"
+#include "aten/ops/enqueue.h"
 #include "aten/streams.h"
 #include "runtime/caching_allocator.h"
 #include "runtime/event.h"
@@ -79,11 +80,10 @@ size_t nbytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * 
 // ATen's CPU copy_ over views of both tensors, enqueued on `stream`.
 void enqueue_strided_copy(const runtime::Stream& stream, const at::Tensor& dst,
                           const at::Tensor& src) {
-  stream.enqueue(runtime::Work{[d = host_view_of(dst), s = host_view_of(src)] {
-                                 at::Tensor out = as_cpu(d);
-                                 at::native::copy_(out, as_cpu(s), false);
-                               },
-                               "aten::copy_", 0});
+  enqueue_op(stream, "aten::copy_", [d = host_view_of(dst), s = host_view_of(src)] {
+    at::Tensor out = as_cpu(d);
+    at::native::copy_(out, as_cpu(s), false);
+  });
 }
 
 void copy_same_device(const at::Tensor& dst, const at::Tensor& src) {

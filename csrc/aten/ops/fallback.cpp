@@ -16,6 +16,7 @@
 #include "aten/errors.h"
 #include "aten/fusion/fusion.h"
 #include "aten/generator.h"
+#include "aten/ops/enqueue.h"
 #include "aten/ops/meta_cache.h"
 #include "aten/origin_capture.h"
 #include "runtime/device.h"
@@ -326,17 +327,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
       launch->copy_targets[r] = host_arg(returns[r], ArgKind::Other, launch->host, nullptr);
     }
   }
-  runtime::Work work;
-  work.name = info.name;
-  work.origin = origin_capture();
-  work.fn = [launch] {
-    try {
-      launch->run();
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(e.what_without_backtrace());
-    }
-  };
-  with_torch_errors([&] { runtime::stream_current(device.index()).enqueue(std::move(work)); });
+  enqueue_op(device, info.name, [launch] { launch->run(); });
   torch::jit::drop(*stack, n);
   for (auto& r : returns) stack->push_back(std::move(r));
 }

@@ -13,6 +13,7 @@
 
 #include "aten/errors.h"
 #include "aten/fusion/fusion.h"
+#include "aten/ops/enqueue.h"
 #include "aten/ops/fallback.h"
 #include "aten/ops/host_views.h"
 #include "aten/ops/op_table.h"
@@ -87,37 +88,29 @@ void enqueue(Binary kind, const char* name, const at::Tensor& out, const at::Ten
   } else {
     b = Flat{buffer_of(other), other.storage_offset()};
   }
-  runtime::Work work;
-  work.name = name;
-  work.origin = origin_capture();
   // NOTE: alpha is copied into a non-const capture so the closure moves without throwing and
   // fits WorkFn's inline buffer (a const member would be copied, and the copy may throw).
-  work.fn = [kind, numel, dtype, o, a, b, scalar, alpha = c10::Scalar(alpha)] {
-    try {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      at::Tensor out_c = flat_cpu(o, numel, dtype);
-      at::Tensor self_c = flat_cpu(a, numel, dtype);
-      at::Tensor other_c = b ? flat_cpu(*b, numel, dtype) : scalar;
-      switch (kind) {
-        case Binary::Add:
-          at::add_out(out_c, self_c, other_c, alpha);
-          break;
-        case Binary::Sub:
-          at::sub_out(out_c, self_c, other_c, alpha);
-          break;
-        case Binary::Mul:
-          at::mul_out(out_c, self_c, other_c);
-          break;
-        case Binary::Div:
-          at::div_out(out_c, self_c, other_c);
-          break;
-      }
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(e.what_without_backtrace());
-    }
-  };
-  with_torch_errors(
-      [&] { runtime::stream_current(self.device().index()).enqueue(std::move(work)); });
+  enqueue_op(self.device(), name,
+             [kind, numel, dtype, o, a, b, scalar, alpha = c10::Scalar(alpha)] {
+               at::AutoDispatchBelowADInplaceOrView below_autograd;
+               at::Tensor out_c = flat_cpu(o, numel, dtype);
+               at::Tensor self_c = flat_cpu(a, numel, dtype);
+               at::Tensor other_c = b ? flat_cpu(*b, numel, dtype) : scalar;
+               switch (kind) {
+                 case Binary::Add:
+                   at::add_out(out_c, self_c, other_c, alpha);
+                   break;
+                 case Binary::Sub:
+                   at::sub_out(out_c, self_c, other_c, alpha);
+                   break;
+                 case Binary::Mul:
+                   at::mul_out(out_c, self_c, other_c);
+                   break;
+                 case Binary::Div:
+                   at::div_out(out_c, self_c, other_c);
+                   break;
+               }
+             });
 }
 
 template <Binary kKind>
@@ -217,21 +210,12 @@ at::Tensor& fill_impl(at::Tensor& self, const c10::Scalar& value, OpInfo& info,
   const int64_t numel = self.numel();
   const c10::ScalarType dtype = self.scalar_type();
   Flat flat{buffer_of(self), self.storage_offset()};
-  runtime::Work work;
-  work.name = info.name;
-  work.origin = origin_capture();
-  work.fn = [flat, numel, dtype, value] {
-    try {
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      flat_cpu(flat, numel, dtype).fill_(value);
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(e.what_without_backtrace());
-    }
-  };
   c10::OptionalDeviceGuard guard;
   make_current(guard, self.device());
-  with_torch_errors(
-      [&] { runtime::stream_current(self.device().index()).enqueue(std::move(work)); });
+  enqueue_op(self.device(), info.name, [flat, numel, dtype, value] {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    flat_cpu(flat, numel, dtype).fill_(value);
+  });
   return self;
 }
 

@@ -13,6 +13,7 @@
 #include <exception>
 
 #include "aten/errors.h"
+#include "aten/ops/enqueue.h"
 #include "aten/ops/fallback.h"
 #include "runtime/config.h"
 #include "runtime/stream.h"
@@ -161,12 +162,10 @@ void sync_fallback(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stac
   }
 
   wait_stream(stream);
-  runtime::Work work;
-  work.name = info.name;
   // NOTE: a raw pointer: this function waits for the work, and the closure may outlive it
-  // (hal.h), so it must not keep run's device tensors alive.
-  work.fn = [r = run.get()] { r->run(); };
-  with_torch_errors([&] { stream.enqueue(std::move(work)); });
+  // (hal.h), so it must not keep run's device tensors alive. No origin: errors are raised here.
+  enqueue_op(
+      stream, info.name, [r = run.get()] { r->run(); }, 0);
   wait_stream(stream);
   if (run->error) std::rethrow_exception(run->error);
 
