@@ -631,3 +631,27 @@ def test_threads_record_while_another_synchronizes(fusion):
         t.join()
     assert not errors, errors[0]
     assert torch.neuron.fusion_stats()["ops_fused"] > 0
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_results_stay_on_the_inputs_device_under_adaptive_eager(fusion):
+    # Fix: device_empty() allocated on the *current* device whatever device it was given; the
+    # adaptive-eager recorder calls it outside a DeviceGuard, so with fusion on, torch.where on
+    # neuron:1 tensors returned a neuron:0 tensor and Llama's causal mask (where(mask, 0, -inf))
+    # broke a neuron:1 training step ("found at least two devices, neuron:1 and neuron:0").
+    dev1 = torch.device("neuron:1")
+    g = torch.Generator().manual_seed(0)
+    c = torch.rand(12, 12, generator=g) > 0.5
+    a, b, x = torch.tensor(0.0), torch.tensor(-1.0), torch.randn(12, 12, generator=g)
+    cases = {
+        "where(tensor, 0-dim, 0-dim)": lambda c, a, b, x: torch.where(c, a, b),
+        "where(tensor, scalar, 0-dim)": lambda c, a, b, x: torch.where(c, 1.5, b),
+        "where(tensor, tensor, scalar)": lambda c, a, b, x: torch.where(c, x, -2.0),
+        "chain": lambda c, a, b, x: (x * 2 + a).sigmoid() * x,
+    }
+    with torch.neuron.fusion_enabled(fusion):
+        got = {k: f(c.to(dev1), a.to(dev1), b.to(dev1), x.to(dev1)) for k, f in cases.items()}
+        torch.neuron.fusion_flush()
+    for k, f in cases.items():
+        assert got[k].device == dev1 and got[k].untyped_storage().device == dev1, k
+        torch.testing.assert_close(got[k].cpu(), f(c, a, b, x), rtol=0, atol=0, msg=k)

@@ -283,7 +283,8 @@ def test_gradient_checkpointing_with_dropout_gives_same_grads(device, use_reentr
 def test_train_step_on_second_device_matches_cpu_and_stays_there(name, fusion):
     # A model on neuron:1 (current device still neuron:0): every op, allocation and the step
     # itself happen on device 1, and the numbers are CPU's (with adaptive eager too: its fused
-    # results were allocated on the current device, see test_hf_fixes.py).
+    # results were allocated on the current device; test_fusion.py::test_results_stay_on_the_
+    # inputs_device_under_adaptive_eager).
     dev1 = torch.device("neuron:1")
     cpu_model = build_model(name)
     model = copy.deepcopy(cpu_model).to(dev1)

@@ -211,3 +211,48 @@ def test_gpt_cross_entropy_1024_classes_compiled_trains_like_eager(run_py):
     # In a fresh process: a crash in tracing shows as this test failing, not as pytest dying.
     r = run_py(GPT, timeout=240)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+def test_compile_backend_neuron_is_registered_and_matches_eager(device):
+    # Fix: transformers' generate() with a static KV cache compiles the decoding step with
+    # torch.compile(backend=model.device.type), i.e. "neuron", which did not exist ("Invalid
+    # backend: 'neuron'"). The backend comes from the torch_dynamo_backends entry point.
+    import torch._dynamo
+
+    assert "neuron" in torch._dynamo.list_backends(exclude_tags=())
+
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w).softmax(-1).sum(0)
+
+    g = torch.Generator().manual_seed(0)
+    x0, w0 = torch.randn(6, 8, generator=g), torch.randn(8, 5, generator=g)
+    x = x0.to(device).requires_grad_()
+    xe = x0.to(device).requires_grad_()
+    out = torch.compile(f, backend="neuron", mode="reduce-overhead")(x, w0.to(device))
+    ref = f(xe, w0.to(device))
+    out.sum().backward()
+    ref.sum().backward()
+    assert out.device == device
+    torch.testing.assert_close(out.cpu(), ref.cpu(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x.grad.cpu(), xe.grad.cpu(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ref.cpu(), f(x0, w0), rtol=1e-5, atol=1e-6)
+
+
+def test_compile_backend_neuron_trains_hf_llama_like_cpu(device):
+    # torch.compile(model, backend="neuron") on a whole HF model: forward and backward graphs
+    # (AOTAutograd) give CPU eager's loss and gradients.
+    import copy
+
+    import test_hf_models as hf
+
+    cpu_model = hf.build_model("llama")
+    neuron_model = torch.compile(copy.deepcopy(cpu_model).to(device), backend="neuron")
+    batch = hf.make_batch("llama")
+    ref_loss, ref_logits, ref_grads, _ = hf.train_step(cpu_model, batch, torch.device("cpu"))
+    loss, logits, grads, _ = hf.train_step(neuron_model, batch, device)
+    torch.testing.assert_close(loss, ref_loss, **hf.LOSS_TOL)
+    torch.testing.assert_close(logits, ref_logits, **hf.LOGITS_TOL)
+    grads = {k.removeprefix("_orig_mod."): g for k, g in grads.items()}
+    assert grads.keys() == ref_grads.keys()
+    for n, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[n], **hf.GRAD_TOL, msg=n)
