@@ -7,18 +7,27 @@
 
 #include <Python.h>
 #include <frameobject.h>
-// NOTE: CPython 3.11's interpreter-frame layout, for the GIL-free origin lookup below (the
+// NOTE: CPython 3.11-3.14's interpreter-frame layout, for the GIL-free origin lookup below (the
 // same use greenlet and py-spy make of it). Other versions take the GIL path only.
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030F0000
 #define OPENNEURON_FAST_ORIGIN 1
 #define Py_BUILD_CORE 1
+// NOTE: 3.14's internal headers have unused parameters (-Wextra).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#if PY_VERSION_HEX >= 0x030E0000
+#include <internal/pycore_interpframe.h>  // 3.14 moved _PyInterpreterFrame here
+#else
 #include <internal/pycore_frame.h>
+#endif
+#pragma GCC diagnostic pop
 #undef Py_BUILD_CORE
 #else
 #define OPENNEURON_FAST_ORIGIN 0
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -57,10 +66,12 @@ Table& table() {
   return *t;
 }
 
-// Per-thread, direct-mapped copies of the table's answers for code objects the table pins (a
-// pinned code object is never freed, so its address can never name another one): with them,
-// the common case (the same few user lines issuing ops) needs neither the GIL nor t.mu.
-constexpr size_t kFastSlots = 256;
+// Per-thread, 2-way set-associative copies of the table's answers for code objects the table
+// pins (a pinned code object is never freed, so its address can never name another one): with
+// them, the common case (the same few user lines issuing ops) needs neither the GIL nor t.mu.
+// NOTE: 2-way, so two busy code objects that hash to one set do not evict each other on every
+// op (direct-mapped, ~1 program in 4 with 10 busy functions kept taking the GIL path).
+constexpr size_t kFastSlots = 1024;
 struct FastCode {
   const void* code = nullptr;
   bool internal = false;
@@ -72,11 +83,34 @@ struct FastId {
 };
 thread_local FastCode tl_codes[kFastSlots];
 thread_local FastId tl_ids[kFastSlots];
+std::atomic<uint64_t> slow_captures{0};  // capture_locked() calls, for tests
 
+// The first slot of (code, lasti)'s set; the set is {slot, slot ^ 1}.
 size_t fast_slot(const void* code, int lasti) {
   auto h = reinterpret_cast<uintptr_t>(code) >> 4;
   h ^= static_cast<uintptr_t>(lasti) * 0x9E3779B1u;
-  return (h ^ (h >> 8)) & (kFastSlots - 1);
+  return (h ^ (h >> 8)) & (kFastSlots - 2);
+}
+
+bool same_key(const FastCode& e, const void* code, int) { return e.code == code; }
+bool same_key(const FastId& e, const void* code, int lasti) {
+  return e.code == code && e.lasti == lasti;
+}
+
+template <class E>
+const E* fast_find(const E* table, const void* code, int lasti) {
+  const size_t s = fast_slot(code, lasti);
+  if (same_key(table[s], code, lasti)) return &table[s];
+  if (same_key(table[s ^ 1], code, lasti)) return &table[s ^ 1];
+  return nullptr;
+}
+
+// The newest entry goes first in its set; the one it displaces moves to the second way.
+template <class E>
+void fast_fill(E* table, const void* code, int lasti, const E& e) {
+  const size_t s = fast_slot(code, lasti);
+  if (!same_key(table[s], code, lasti)) table[s ^ 1] = table[s];
+  table[s] = e;
 }
 
 bool enabled() {
@@ -102,14 +136,14 @@ bool is_internal_file(const std::string& f) {
 bool code_is_internal(Table& t, PyCodeObject* code) {
   auto it = t.internal.find(code);
   if (it != t.internal.end()) {
-    tl_codes[fast_slot(code, 0)] = {code, it->second};  // pinned: it is in t.internal
+    fast_fill(tl_codes, code, 0, FastCode{code, it->second});  // pinned: in t.internal
     return it->second;
   }
   bool internal = is_internal_file(utf8(code->co_filename));
   if (t.internal.size() < kMaxCodes) {
     Py_INCREF(code);
     t.internal.emplace(code, internal);
-    tl_codes[fast_slot(code, 0)] = {code, internal};  // pinned just now
+    fast_fill(tl_codes, code, 0, FastCode{code, internal});  // pinned just now
   }
   return internal;
 }
@@ -118,7 +152,7 @@ uint32_t intern(Table& t, PyFrameObject* frame, PyCodeObject* code) {
   auto key = std::make_pair(static_cast<const void*>(code), PyFrame_GetLasti(frame));
   auto it = t.ids.find(key);
   if (it != t.ids.end()) {
-    tl_ids[fast_slot(code, key.second)] = {code, key.second, it->second};  // pinned by intern
+    fast_fill(tl_ids, code, key.second, FastId{code, key.second, it->second});  // pinned
     return it->second;
   }
   if (t.texts.size() >= kMaxOrigins) return 0;
@@ -131,12 +165,13 @@ uint32_t intern(Table& t, PyFrameObject* frame, PyCodeObject* code) {
   uint32_t id = static_cast<uint32_t>(t.texts.size());
   t.texts.push_back(std::move(text));
   t.ids.emplace(key, id);
-  tl_ids[fast_slot(code, key.second)] = {code, key.second, id};
+  fast_fill(tl_ids, code, key.second, FastId{code, key.second, id});
   return id;
 }
 
 // Caller holds the GIL.
 uint32_t capture_locked() {
+  slow_captures.fetch_add(1, std::memory_order_relaxed);
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   if (!frame) return 0;
   Py_INCREF(frame);
@@ -160,6 +195,13 @@ uint32_t capture_locked() {
 }
 
 #if OPENNEURON_FAST_ORIGIN
+// NOTE: 3.13 dropped tstate->cframe and made f_code f_executable (a _PyStackRef in 3.14).
+#if PY_VERSION_HEX >= 0x030D0000
+PyCodeObject* frame_code(_PyInterpreterFrame* f) { return _PyFrame_GetCode(f); }
+#else
+PyCodeObject* frame_code(_PyInterpreterFrame* f) { return f->f_code; }
+#endif
+
 // capture_locked() without the GIL, from this thread's caches only. NOTE: tstate is this
 // thread's own state: its frame stack changes only while this thread runs Python code, which it
 // cannot do while it is in here, and every frame on it keeps its code object alive. Returns
@@ -167,23 +209,28 @@ uint32_t capture_locked() {
 // the caches. Mirrors capture_locked: PyEval_GetFrame and PyFrame_GetBack skip incomplete
 // frames, and PyFrame_GetLasti is the code-unit index times sizeof(_Py_CODEUNIT), or -1.
 bool capture_fast(PyThreadState* tstate, uint32_t* id) {
+#if PY_VERSION_HEX >= 0x030D0000
+  if (tstate == nullptr) return false;
+  _PyInterpreterFrame* f = tstate->current_frame;
+#else
   if (tstate == nullptr || tstate->cframe == nullptr) return false;
   _PyInterpreterFrame* f = tstate->cframe->current_frame;
+#endif
   for (int i = 0; i < kMaxFrames; ++i) {
     while (f != nullptr && _PyFrame_IsIncomplete(f)) f = f->previous;
     if (f == nullptr) break;
-    PyCodeObject* code = f->f_code;
-    const FastCode& c = tl_codes[fast_slot(code, 0)];
-    if (c.code != code) return false;
-    if (c.internal) {
+    PyCodeObject* code = frame_code(f);
+    const FastCode* c = fast_find(tl_codes, code, 0);
+    if (c == nullptr) return false;
+    if (c->internal) {
       f = f->previous;
       continue;
     }
     const int units = _PyInterpreterFrame_LASTI(f);
     const int lasti = units < 0 ? -1 : units * static_cast<int>(sizeof(_Py_CODEUNIT));
-    const FastId& e = tl_ids[fast_slot(code, lasti)];
-    if (e.code != code || e.lasti != lasti) return false;
-    *id = e.id;
+    const FastId* e = fast_find(tl_ids, code, lasti);
+    if (e == nullptr) return false;
+    *id = e->id;
     return true;
   }
   *id = 0;  // no frame, or kMaxFrames internal ones: what capture_locked returns
@@ -339,6 +386,8 @@ uint32_t origin_capture() {
   PyGILState_Release(st);
   return id;
 }
+
+uint64_t origin_slow_captures() { return slow_captures.load(std::memory_order_relaxed); }
 
 void origin_install() {
   static std::once_flag once;

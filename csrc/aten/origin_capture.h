@@ -16,6 +16,8 @@ namespace openneuron::aten {
 uint32_t origin_capture();
 // Installs the resolver into the runtime (idempotent).
 void origin_install();
+// How many captures took the GIL path (cache misses, or no fast path on this CPython); for tests.
+uint64_t origin_slow_captures();
 
 // One Python frame of an allocation stack, as torch.cuda.memory._snapshot() reports it.
 struct StackFrame {
