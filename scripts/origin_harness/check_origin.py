@@ -58,8 +58,7 @@ def check_round(got, want_ids, texts, label):
         if site is None:
             assert i == 0, "%s: too_deep: id %d (%r), expected 0" % (label, i, h.resolve(i))
         else:
-            assert h.resolve(i) == texts[site], "%s: %s: %r, expected %r" % (
-                label, site, h.resolve(i), texts[site])
+            assert h.resolve(i) == texts[site], f"{label}: {site}: {h.resolve(i)!r}, expected {texts[site]!r}"
 
 
 def attempt(k, internal_dir, texts):
