@@ -65,6 +65,12 @@ def _register() -> None:
         _warn_once(f"openneuron: registering the 'neuron' device failed: {err}")
         return
     _registered = True
+    try:
+        from openneuron import distributed
+
+        distributed.register()
+    except Exception as err:  # noqa: BLE001 - the device works without the process group
+        _warn_once(f"openneuron: registering the 'neuron' distributed backend failed: {err}")
     config_error = _C._config_error()
     if config_error:
         _warn_once(

@@ -24,4 +24,5 @@ PYBIND11_MODULE(_C, m) {
   aten::bind_random(m);
   aten::bind_ops(m);
   aten::bind_profiler(m);
+  aten::bind_distributed(m);
 }

@@ -186,6 +186,8 @@ const std::vector<Setting>& settings() {
       {"OPENNEURON_FUSION_MAX_OPS", "most ops in one fused group"},
       {"OPENNEURON_PROFILER_MAX_EVENTS", "device trace ring-buffer size in events"},
       {"OPENNEURON_OOM_SNAPSHOT", "path: write a memory snapshot on out-of-memory"},
+      {"OPENNEURON_HOST_ID", "ranks with the same id share memory (default: hostname + boot id)"},
+      {"LOCAL_RANK", "set by torchrun: the current device starts as neuron:LOCAL_RANK"},
   };
   return kSettings;
 }
@@ -302,6 +304,14 @@ Config make_config(const EnvLookup& env, uint64_t host_ram) {
     c.profiler_max_events =
         static_cast<size_t>(parse_count("OPENNEURON_PROFILER_MAX_EVENTS", *v, int64_t{1} << 32));
   if (const auto v = env("OPENNEURON_OOM_SNAPSHOT")) c.oom_snapshot = trim(*v);
+  if (const auto v = env("OPENNEURON_HOST_ID")) c.host_id = trim(*v);
+  if (const auto v = env("LOCAL_RANK")) {
+    const std::string r = trim(*v);
+    if (r.empty() || r.size() > 6 ||
+        !std::all_of(r.begin(), r.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      bad_value("LOCAL_RANK", *v, "it is not a whole number", "expected 0, 1, 2, ...");
+    c.local_rank = std::stoi(r);
+  }
   return c;
 }
 

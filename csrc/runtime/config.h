@@ -30,6 +30,8 @@ struct Config {
   int fusion_max_ops = 0;          // OPENNEURON_FUSION_MAX_OPS; 0 = the recorder's default
   size_t profiler_max_events = 0;  // OPENNEURON_PROFILER_MAX_EVENTS; 0 = the trace default
   std::string oom_snapshot;        // OPENNEURON_OOM_SNAPSHOT: path written on out-of-memory
+  std::string host_id;  // OPENNEURON_HOST_ID: ranks with equal ids share memory (default: host)
+  int local_rank = -1;  // LOCAL_RANK (torchrun): the process's initial current device; -1 unset
 };
 
 // One environment variable: its name and what it does (README lists the same).

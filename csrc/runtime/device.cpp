@@ -11,7 +11,18 @@
 namespace openneuron::runtime {
 namespace {
 
-thread_local DeviceIndex tl_current_device = 0;
+// -1 until the thread first asks: then the process's initial device (initial_device()).
+thread_local DeviceIndex tl_current_device = -1;
+
+// neuron:LOCAL_RANK under torchrun (each rank on its own device, as TorchNeuron's one core per
+// process), when that device exists; else neuron:0.
+DeviceIndex initial_device() {
+  static const DeviceIndex d = [] {
+    const int r = config_or_defaults().local_rank;
+    return r >= 0 && r < device_count() ? static_cast<DeviceIndex>(r) : DeviceIndex{0};
+  }();
+  return d;
+}
 
 }  // namespace
 
@@ -42,7 +53,10 @@ DeviceProps device_props(DeviceIndex d) {
   return hal().device_props(d);
 }
 
-DeviceIndex device_current() { return tl_current_device; }
+DeviceIndex device_current() {
+  if (tl_current_device < 0) tl_current_device = initial_device();
+  return tl_current_device;
+}
 
 void device_set_current(DeviceIndex d) {
   device_check(d);

@@ -1,0 +1,129 @@
+// The "neuron" c10d backend (DESIGN §7): every collective of c10d::Backend over a
+// collectives::ShmComm (shared memory on one host; Gloo when the group spans hosts). Ordering
+// as NCCL: a collective waits for the caller's current stream, runs in issue order on the
+// group's communication thread (send/recv on one thread per peer, direction and tag), and
+// Work.wait() makes the current stream wait for it. Registered from Python
+// (openneuron/distributed.py).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "collectives/shm_comm.h"
+
+namespace openneuron::aten::distributed {
+
+class NeuronWork;
+
+// One thread running tasks in the order they were posted.
+class CommThread {
+ public:
+  explicit CommThread(std::string name);
+  ~CommThread();  // runs what is queued, then joins
+  void post(std::function<void()> task);
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class NeuronBackend : public c10d::Backend {
+ public:
+  // comm: the group's transport (owned). timeout: the group's default per collective.
+  NeuronBackend(int rank, int size, std::string group_name,
+                std::unique_ptr<collectives::ShmComm> comm, std::chrono::milliseconds timeout);
+  ~NeuronBackend() override;
+
+  const std::string getBackendName() const override { return "neuron"; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  bool supportsCoalescing() const override { return false; }
+  void shutdown() override;
+  void abort() override { shutdown(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+
+ private:
+  struct Call;  // one collective being posted (backend.cpp)
+  using Task = std::function<void(collectives::ShmComm&)>;
+  c10::intrusive_ptr<c10d::Work> post(Call& call, Task task);
+  std::string describe(const char* op) const;
+  std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
+  CommThread& p2p_thread(int peer, bool send, int tag);
+
+  std::string group_name_;
+  std::unique_ptr<collectives::ShmComm> comm_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<CommThread> thread_;
+  std::mutex p2p_mu_;
+  std::map<std::tuple<int, bool, int>, std::unique_ptr<CommThread>> p2p_threads_;
+};
+
+// A backend over shared memory (segment `shm_name`, agreed through the store by
+// openneuron/distributed.py; every rank of the group on this host) or, when `gloo` is given (the
+// group spans hosts), over that ProcessGroupGloo of the same ranks. Waits for every rank.
+c10::intrusive_ptr<c10d::Backend> make_backend(int rank, int size,
+                                               std::chrono::milliseconds timeout,
+                                               const std::string& group_name,
+                                               const std::string& shm_name,
+                                               c10::intrusive_ptr<c10d::Backend> gloo);
+
+}  // namespace openneuron::aten::distributed
