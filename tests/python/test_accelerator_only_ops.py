@@ -1,5 +1,5 @@
 # Ops ATen leaves to accelerators, or whose CPU kernel lacks a dtype CUDA has: neuron follows
-# CUDA's documented semantics (README "Ops CPU has no kernel for"). The fused RNN cells are
+# CUDA's documented semantics (README "Accelerator-only ATen paths"). The fused RNN cells are
 # test_recurrent_modules.py's.
 import pytest
 import torch

@@ -104,3 +104,13 @@ def test_ls_still_works(tmp_path):
     assert "neuron:0" in r.stdout and "CAPACITY" in r.stdout
     r = _run(["--help"], tmp_path)
     assert "ops-report" in r.stdout and "ls" in r.stdout
+
+
+def test_readme_lists_every_environment_variable():
+    # The settings module's table (csrc/runtime/config.cpp) and the README's must agree.
+    import openneuron._C as C
+    from conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    missing = [name for name, _, _ in C._settings() if f"| `{name}` |" not in readme]
+    assert not missing, f"README 'Environment variables' lacks {missing}"
