@@ -71,7 +71,7 @@ def _patch_torch() -> None:
             except RuntimeError:  # no backend for that device in this group
                 continue
             if backend.name() == BACKEND:
-                backend._set_default_timeout(timeout)
+                backend.set_timeout(timeout)
                 done = True
         if not done:
             set_pg_timeout(timeout, group)

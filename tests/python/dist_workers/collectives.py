@@ -241,7 +241,17 @@ def main():
             same(t, torch.full((4,), 3.0), "subgroup all_reduce")
         checked += 1
 
-    torch.neuron.synchronize() if DEV == "neuron" else None
+    # timeouts: torch's private setter and torch.distributed.set_timeout (which torch 2.13 lacks)
+    import datetime
+
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=90))
+    dist.set_timeout(datetime.timedelta(seconds=60))
+    t = torch.ones(3, device=dev)
+    dist.all_reduce(t)
+    same(t, torch.full((3,), float(world)), "all_reduce after set_timeout")
+
+    if DEV == "neuron":
+        torch.neuron.synchronize()
     dist.destroy_process_group()
     print(f"rank {rank}: {checked} checks passed")
 
