@@ -1,12 +1,12 @@
 # The project's vocabulary (README.md lists these): make, make test, make demo, make finetune,
-# make bench[-training|-kernels|-fusion|-decode|-ir], make lint, make asan, make tsan. Every target sets
+# make bench[-training|-kernels|-fusion|-decode|-ir|-collectives], make lint, make asan, make tsan. Every target sets
 # itself up first (scripts/setup.sh).
 PY := .venv/bin/python
 BUILD := build
 # NOTE: one build at a time in a build folder (several shells may run make at once).
 LOCKED := flock $(BUILD)/.lock
 
-.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir lint asan tsan clean
+.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir bench-collectives lint asan tsan clean
 
 all: build
 
@@ -30,13 +30,15 @@ test-python: build
 	$(PY) -m pytest tests/python
 
 # The suite again with adaptive eager on (it must change no result): every file that computes
-# results. Left out (CI time): device enumeration and the CLI (no op results), and the Hugging
-# Face ecosystem runs (Trainer/accelerate/examples: their numerics are test_hf_models.py's and
-# test_training.py's, which do run).
+# results. Left out (CI time): device enumeration and the CLI (no op results), the Hugging Face
+# ecosystem runs (Trainer/accelerate/examples: their numerics are test_hf_models.py's and
+# test_training.py's, which do run) and the distributed runs (collectives and process groups,
+# no fused op); test_opinfo.py keeps only the ops adaptive eager records (the rest ran above).
 FUSION_SKIP := test_cli.py test_device.py test_examples_hf.py test_huggingface_stack.py
 test-fusion: build
 	TORCH_NEURONX_ENABLE_CONCATENATION=1 $(PY) -m pytest tests/python -q \
-	  $(foreach f,$(FUSION_SKIP),--ignore=tests/python/$(f))
+	  $(foreach f,$(FUSION_SKIP),--ignore=tests/python/$(f)) \
+	  --ignore-glob='tests/python/test_distributed_*'
 
 # The bitwise tests again under every OPENNEURON_ISA / ATEN_CPU_CAPABILITY / MKL code path.
 test-isa: build
@@ -62,6 +64,9 @@ bench-fusion: build
 
 bench-decode: build
 	$(PY) benchmarks/decode.py
+
+bench-collectives: build
+	$(PY) benchmarks/collectives.py
 
 bench-ir: build
 	@$(LOCKED) cmake --build $(BUILD) --target ir_bench

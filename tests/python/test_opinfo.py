@@ -106,10 +106,26 @@ def _xfail_reason(name, dtype):
         DTYPE_XFAILS.get((name, "low")) if dtype in (torch.bfloat16, torch.float16) else None)
 
 
+# Under `make test-fusion` (adaptive eager on at import) only the ops adaptive eager records run
+# here: every other op takes the path it takes in `make test-python`, which already ran all of
+# op_db. Casts are recorded copies (the conversion OpInfos); the composite ops built from these
+# run in test_fusion.py and the model tests of the fusion pass.
+_FUSION_ON = os.environ.get("TORCH_NEURONX_ENABLE_CONCATENATION", "0").lower() in (
+    "1", "true", "on", "yes")
+_CASTS = {"to", "float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte",
+          "char", "type_as", "square", "rsub", "true_divide"}
+
+
+def _fused(op) -> bool:
+    names = torch.ops.openneuron_fusion.fused_ops()
+    bases = {n.split("::")[1].split(".")[0].rstrip("_") for n in names} | _CASTS
+    return op.aten_name in bases or op.name.split(".")[0] in bases
+
+
 def _params():
     for op in op_db:
         name = _full_name(op)
-        if name in EXCLUDED:
+        if name in EXCLUDED or (_FUSION_ON and not _fused(op)):
             continue
         supported = op.supported_dtypes("cpu")
         for dtype in DTYPES:

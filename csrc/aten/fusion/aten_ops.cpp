@@ -123,6 +123,19 @@ const Spec kSpecs[] = {
 };
 constexpr int kNumSpecs = sizeof(kSpecs) / sizeof(kSpecs[0]);
 
+}  // namespace
+
+std::vector<std::string> fused_op_names() {
+  std::vector<std::string> names;
+  for (const Spec& s : kSpecs) names.emplace_back(s.name);
+  for (const char* n : {"aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor",
+                        "aten::div.Tensor", "aten::copy_"})
+    names.emplace_back(n);
+  return names;
+}
+
+namespace {
+
 const Spec* spec_of(OpInfo& info) {
   int16_t s = info.fusion_spec.load(std::memory_order_relaxed);
   if (s == -1) {

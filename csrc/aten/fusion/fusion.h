@@ -6,6 +6,9 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <string>
+#include <vector>
+
 #include "aten/fusion/recorder.h"
 #include "aten/ops/op_table.h"
 
@@ -19,5 +22,9 @@ bool try_record_binary(Fn fn, const char* name, const at::Tensor& out, const at:
                        const at::Tensor& other, const c10::Scalar& alpha);
 // copy.cpp: a same-device copy_ that changes dtype (a cast).
 bool try_record_copy(const at::Tensor& dst, const at::Tensor& src);
+
+// The ATen operators adaptive eager records ("aten::add.out", ...; and functional add/sub/mul/
+// div, copy_), for tests that run only what fusion can change.
+std::vector<std::string> fused_op_names();
 
 }  // namespace openneuron::aten::fusion

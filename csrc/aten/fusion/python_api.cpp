@@ -3,6 +3,7 @@
 // bindings stay untouched. Not on any hot path.
 #include <torch/library.h>
 
+#include "aten/fusion/fusion.h"
 #include "aten/fusion/recorder.h"
 
 namespace openneuron::aten::fusion {
@@ -36,4 +37,5 @@ TORCH_LIBRARY(openneuron_fusion, m) {
   m.def("flush() -> ()", &f::op_flush);
   m.def("reset_stats() -> ()", &f::op_reset_stats);
   m.def("stats() -> int[]", &f::op_stats);
+  m.def("fused_ops() -> str[]", &f::fused_op_names);
 }
