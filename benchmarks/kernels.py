@@ -121,7 +121,7 @@ def cases(quick: bool):
 
 
 
-# ---- norms (rms_norm, cross_entropy; /work/notes/norms.md): extra rows in both --quick and full runs ----------
+# ---- norms (rms_norm, cross_entropy; numbers in README "Numbers"): extra rows in both --quick and full runs ----------
 def rms_norm_case(rows: int, n: int, backward: bool):
     def build(device, dtype):
         x = torch.randn(rows, n, device=device, dtype=dtype, requires_grad=backward)

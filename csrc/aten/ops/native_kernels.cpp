@@ -6,7 +6,7 @@
 // or empty inputs, other dtypes) take the path they take without it: the boxed fallback
 // (asynchronous ATen CPU kernel).
 // NOTE: a native softmax / log_softmax was measured 1.2-2x slower than ATen's CPU kernel on the
-// asynchronous path and was dropped (/work/notes/kernels.md).
+// asynchronous path and was dropped (README "Numbers").
 #include "aten/ops/native_kernels.h"
 
 #include <torch/library.h>
