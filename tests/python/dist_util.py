@@ -70,6 +70,22 @@ def _kill(p: subprocess.Popen) -> None:
     p.wait()
 
 
+def _wait_all(procs: list[subprocess.Popen], timeout: float) -> list[Rank]:
+    """Each process's exit code and output; one still running at the shared deadline is killed
+    (returncode None)."""
+    deadline = time.monotonic() + timeout
+    results = []
+    for i, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            results.append(Rank(i, p.returncode, out, err))
+        except subprocess.TimeoutExpired:
+            _kill(p)
+            out, err = p.communicate(timeout=10)
+            results.append(Rank(i, None, out, err))
+    return results
+
+
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _CONFIG_VARS}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(WORKERS), env.get("PYTHONPATH", "")])
@@ -95,17 +111,7 @@ def run_ranks(worker: str, world: int, *args: str, timeout: float = 120,
                 [sys.executable, str(WORKERS / f"{worker}.py"), *args], env=e, cwd=REPO,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 start_new_session=True))
-        deadline = time.monotonic() + timeout
-        results = []
-        for r, p in enumerate(procs):
-            try:
-                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-                results.append(Rank(r, p.returncode, out, err))
-            except subprocess.TimeoutExpired:
-                _kill(p)
-                out, err = p.communicate(timeout=10)
-                results.append(Rank(r, None, out, err))
-        return results
+        return _wait_all(procs, timeout)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -130,17 +136,7 @@ def run_torchrun(script: str, nproc: int, *args: str, timeout: float = 180,
             procs.append(subprocess.Popen(cmd, env=e, cwd=REPO, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True,
                                           start_new_session=True))
-        deadline = time.monotonic() + timeout
-        results = []
-        for n, p in enumerate(procs):
-            try:
-                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-                results.append(Rank(n, p.returncode, out, err))
-            except subprocess.TimeoutExpired:
-                _kill(p)
-                out, err = p.communicate(timeout=10)
-                results.append(Rank(n, None, out, err))
-        return results
+        return _wait_all(procs, timeout)
     finally:
         for p in procs:
             if p.poll() is None:
