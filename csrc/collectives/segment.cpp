@@ -20,6 +20,7 @@
 #include <new>
 #include <thread>
 
+#include "runtime/work_queue.h"
 #include "shm_comm.h"
 
 namespace openneuron::collectives::shm {
@@ -28,16 +29,6 @@ namespace {
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 std::string errno_text(int err) { return std::string(std::strerror(err)); }
-
-void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#else
-  sched_yield();
-#endif
-}
 
 }  // namespace
 
@@ -186,7 +177,7 @@ bool Spinner::step() noexcept {
   if (i_ == 0) start_ = Clock::now();
   ++i_;
   if (i_ < kBusySpins) {
-    cpu_relax();
+    runtime::cpu_relax();
     return true;
   }
   if ((i_ & 7) == 0 && Clock::now() - start_ > budget_) return false;
