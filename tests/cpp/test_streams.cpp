@@ -129,6 +129,9 @@ TEST(Streams, WorkSyncingItsOwnStreamFailsInsteadOfHanging) {
     EXPECT_NE(std::string(e.what()).find("aten::self_sync (op #"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("wait for itself forever"), std::string::npos);
   }
+  // NOTE: the sync above waited for the items queued when it was called; the one the second
+  // item enqueues may come after that, so a second sync waits for it (and raises nothing).
+  h->stream_sync(s);
   EXPECT_TRUE(enqueued_from_work.load());
   h->stream_destroy(s);
   h->stream_destroy(other);
