@@ -214,6 +214,7 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::post(Call& call, Task task) {
                 " is not supported (float32/64, bfloat16, float16, int8-int64, uint8, bool, "
                 "complex)");
   }
+  if (!call.p2p) seq_.fetch_add(1, std::memory_order_relaxed);
   auto work = c10::make_intrusive<NeuronWork>(rank_, call.type, call.op, call.outputs, on_neuron,
                                               device, call.timeout, describe(call.op));
   work->keep() = std::move(call.keep);
@@ -735,6 +736,11 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::recv(std::vector<at::Tensor>& tens
   });
 }
 
+c10::intrusive_ptr<c10d::Work> NeuronBackend::post_task(const char* op, Task task) {
+  Call call{op, c10d::OpType::UNKNOWN, timeout_, {}, {}};
+  return post(call, std::move(task));
+}
+
 c10::intrusive_ptr<c10d::Work> NeuronBackend::barrier(const c10d::BarrierOptions& opts) {
   Call call{"barrier", c10d::OpType::BARRIER, timeout_of(opts.timeout), {}, {}};
   return post(call, [](coll::ShmComm& c) { c.barrier(); });
@@ -744,23 +750,6 @@ void NeuronBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool /*wa
   // NOTE: the transport's timeout error names the ranks that did not arrive.
   c10::intrusive_ptr<c10d::Work> w = barrier(opts);
   w->wait();
-}
-
-c10::intrusive_ptr<c10d::Backend> make_backend(int rank, int size,
-                                               std::chrono::milliseconds timeout,
-                                               const std::string& group_name,
-                                               const std::string& shm_name,
-                                               c10::intrusive_ptr<c10d::Backend> gloo) {
-  coll::Options opts;
-  opts.group_name = group_name;
-  opts.timeout = timeout;
-  std::unique_ptr<coll::ShmComm> comm;
-  if (gloo) {
-    comm = make_gloo_comm(rank, size, opts, std::move(gloo));
-  } else {
-    run_comm([&] { comm = coll::ShmComm::join(shm_name, rank, size, opts); });
-  }
-  return c10::make_intrusive<NeuronBackend>(rank, size, group_name, std::move(comm), timeout);
 }
 
 }  // namespace openneuron::aten::distributed

@@ -6,6 +6,7 @@
 // (openneuron/distributed.py).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -51,8 +52,19 @@ class NeuronBackend : public c10d::Backend {
   ~NeuronBackend() override;
 
   const std::string getBackendName() const override { return "neuron"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
   void setTimeout(std::chrono::milliseconds timeout) override;
   bool supportsCoalescing() const override { return false; }
+  // split_group and DeviceMesh sub-meshes (with a bound device): the ranks in `ranks` (group
+  // ranks of this group) form a new group through openneuron/distributed.py's rendezvous on
+  // `store`; the others get null.
+  bool supportsSplitting() const override { return true; }
+  // The number of collectives posted on this group (every rank posts the same ones).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
   void shutdown() override;
   void abort() override { shutdown(); }
 
@@ -105,25 +117,52 @@ class NeuronBackend : public c10d::Backend {
   struct Call;  // one collective being posted (backend.cpp)
   using Task = std::function<void(collectives::ShmComm&)>;
   c10::intrusive_ptr<c10d::Work> post(Call& call, Task task);
+  // A call of this backend's own (no tensors) in issue order with the collectives.
+  c10::intrusive_ptr<c10d::Work> post_task(const char* op, Task task);
   std::string describe(const char* op) const;
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
   CommThread& p2p_thread(int peer, bool send, int tag);
 
   std::string group_name_;
+  std::atomic<uint64_t> seq_{0};
   std::unique_ptr<collectives::ShmComm> comm_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<CommThread> thread_;
   std::mutex p2p_mu_;
   std::map<std::tuple<int, bool, int>, std::unique_ptr<CommThread>> p2p_threads_;
+  // split(): the child made for the first device type (null where this rank is left out),
+  // handed to the second (create.cpp).
+  bool last_split_pending_ = false;
+  c10::intrusive_ptr<c10d::Backend> last_split_;
+  std::vector<int> last_split_ranks_;
 };
 
-// A backend over shared memory (segment `shm_name`, agreed through the store by
-// openneuron/distributed.py; every rank of the group on this host) or, when `gloo` is given (the
-// group spans hosts), over that ProcessGroupGloo of the same ranks. Waits for every rank.
+// The options getBackendOptions() returns (copyable from Python: split_group deep-copies them).
+struct NeuronBackendOptions : c10d::Backend::Options {
+  explicit NeuronBackendOptions(std::chrono::milliseconds timeout) : Options("neuron", timeout) {}
+};
+
+// The transports a group runs over, as openneuron/distributed.py agreed them through the store:
+// shared memory (segment `shm`) when every rank is on this host; Gloo (`gloo`, every rank) when
+// the group spans hosts, plus, when each host holds `local_size` consecutive ranks, shared
+// memory inside the host (`shm`) and Gloo among the hosts' leaders (`leaders`, local rank 0).
+struct Transports {
+  std::string shm;
+  int local_size = 0;
+  c10::intrusive_ptr<c10d::Backend> gloo;
+  c10::intrusive_ptr<c10d::Backend> leaders;
+};
+
+// Joins the transports (waits for every rank) and returns the backend.
 c10::intrusive_ptr<c10d::Backend> make_backend(int rank, int size,
                                                std::chrono::milliseconds timeout,
                                                const std::string& group_name,
-                                               const std::string& shm_name,
-                                               c10::intrusive_ptr<c10d::Backend> gloo);
+                                               const Transports& transports);
+
+// How split() builds a group: set by the Python layer at registration (its rendezvous).
+using SplitFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
+    const c10::intrusive_ptr<c10d::Store>&, int rank, int size, std::chrono::milliseconds,
+    const std::string& group_name)>;
+void set_split_factory(SplitFactory factory);
 
 }  // namespace openneuron::aten::distributed
