@@ -1,7 +1,8 @@
 # One rank of tests/python/test_distributed_fsdp.py: FSDP2 (`fully_shard`) on a device mesh of
 # "neuron", as a CUDA script with the device string changed; rank 0 then trains the same model
 # in one process on the whole batch (CPU) and compares the full parameters.
-# argv[1]: plain | bf16 | no_reshard | prefetch | offload | checkpoint | dcp
+# argv[1]: plain | bf16 | no_reshard | prefetch | offload | checkpoint | dcp | hsdp (a 2-D mesh:
+# replicate x shard, 4 ranks)
 import copy
 import os
 import sys
@@ -73,7 +74,10 @@ def main():
     # also gathers CPU tensors (full_tensor() below), so it names the backend, which takes both.
     dist.init_process_group("neuron" if VARIANT == "offload" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("neuron", (world,))
+    if VARIANT == "hsdp":  # fully_shard on a 2-D mesh shards over dim 1, replicates over dim 0
+        mesh = init_device_mesh("neuron", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("neuron", (world,))
     device = torch.device("neuron", int(os.environ["LOCAL_RANK"]))
     torch.manual_seed(0)
     ref = Net()
@@ -96,6 +100,10 @@ def main():
             b.set_modules_to_forward_prefetch([blocks[i + 1]])
         for i, b in enumerate(blocks[1:], 1):
             b.set_modules_to_backward_prefetch([blocks[i - 1]])
+    if VARIANT == "hsdp":
+        from torch.distributed.tensor import Replicate, Shard
+
+        assert all(p.placements == (Replicate(), Shard(0)) for p in model.parameters())
     batches = data(world)
     opt = train(model, batches, device, rank, world)
 

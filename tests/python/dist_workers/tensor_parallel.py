@@ -1,5 +1,6 @@
 # One rank of tests/python/test_distributed_tensor_parallel.py. argv[1]:
-#   dtensor: distribute_tensor / redistribute / full_tensor / DTensor ops against plain tensors;
+#   dtensor: distribute_tensor / redistribute / full_tensor / DTensor ops against plain tensors,
+#       random DTensors (the RNG tracker on the neuron generator);
 #   tp: a Llama-style block (attention + SwiGLU MLP) under parallelize_module (colwise/rowwise),
 #       forward and backward against the same block in one process;
 #   sp: the same with sequence parallelism (SequenceParallel norms, sharded sequence);
@@ -90,6 +91,26 @@ def main():
         out = (d @ w).relu().sum(0)  # DTensor ops: partial sums reduced across ranks
         torch.testing.assert_close(out.full_tensor().cpu(), (a @ w.full_tensor().cpu()).relu()
                                    .sum(0), rtol=1e-5, atol=1e-5)
+        # random ops through DTensor's RNG tracker (the neuron generator's seed + offset): the
+        # shards of a sharded tensor differ, a replicated one is the same on every rank, and
+        # the same seed replays both
+        import torch.distributed.tensor as dt
+
+        def draw():
+            torch.manual_seed(5)
+            return (dt.rand((world * 4, 3), device_mesh=mesh, placements=[Shard(0)]),
+                    dt.randn((4, 3), device_mesh=mesh, placements=[Replicate()]))
+
+        sharded, replicated = draw()
+        shards = [torch.empty(4, 3, device=device) for _ in range(world)]
+        dist.all_gather(shards, sharded.to_local())
+        assert all(not torch.equal(shards[0], s) for s in shards[1:]), "shards repeat"
+        reps = [torch.empty(4, 3, device=device) for _ in range(world)]
+        dist.all_gather(reps, replicated.to_local())
+        assert all(torch.equal(reps[0], r) for r in reps[1:]), "replicated values differ"
+        again = draw()
+        assert torch.equal(again[0].to_local().cpu(), sharded.to_local().cpu())
+        assert torch.equal(again[1].to_local().cpu(), replicated.to_local().cpu())
     elif VARIANT in ("tp", "sp"):
         mesh = init_device_mesh("neuron", (world,))
         torch.manual_seed(0)
