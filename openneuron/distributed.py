@@ -70,6 +70,9 @@ def _split(store, rank: int, size: int, timeout_ms: int, group: str):
 
 def _create_backend(opts, pg_options=None):
     """torch.distributed's factory (extended API): called once per group on every member."""
+    from openneuron import _dtensor
+
+    _dtensor.register()
     return _build(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                   opts.group_id or "default")
 

@@ -1,10 +1,11 @@
-# DTensor, tensor parallelism and sequence parallelism (parallelize_module on a Llama-style
-# block) on backend "neuron", on 2 and 4 ranks, and FSDP2 + TP on a 2-D mesh, against one process
-# (dist_workers/tensor_parallel.py).
+# DTensor, tensor parallelism (also with attention on DTensors) and sequence parallelism
+# (parallelize_module on a Llama-style block) on backend "neuron", on 2 and 4 ranks, and FSDP2 +
+# TP on a 2-D mesh, against one process (dist_workers/tensor_parallel.py).
 import pytest
 from dist_util import assert_ok, run_ranks, shm_segments
 
-CASES = [("dtensor", 2), ("tp", 2), ("sp", 2), ("dtensor", 4), ("tp", 4), ("fsdp_tp", 4)]
+CASES = [("dtensor", 2), ("tp", 2), ("tp_dt", 2), ("sp", 2), ("dtensor", 4), ("tp", 4),
+         ("fsdp_tp", 4)]
 
 
 @pytest.mark.parametrize("variant,world", CASES, ids=[f"{c[0]}-{c[1]}ranks" for c in CASES])

@@ -161,6 +161,7 @@ void NeuronBackend::shutdown() {
   }
   p2p.clear();
   thread_.reset();
+  drain_grave();
 }
 
 void NeuronBackend::setTimeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
@@ -188,6 +189,7 @@ CommThread& NeuronBackend::p2p_thread(int peer, bool send, int tag) {
 }
 
 c10::intrusive_ptr<c10d::Work> NeuronBackend::post(Call& call, Task task) {
+  drain_grave();  // what finished collectives left, dropped here on the issuing thread
   TORCH_CHECK(thread_ != nullptr, "neuron collectives: ", describe(call.op),
               ": the process group was shut down");
   bool on_neuron = false;
@@ -215,9 +217,8 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::post(Call& call, Task task) {
                 "complex)");
   }
   if (!call.p2p) seq_.fetch_add(1, std::memory_order_relaxed);
-  auto work = c10::make_intrusive<NeuronWork>(rank_, call.type, call.op, call.outputs, on_neuron,
-                                              device, call.timeout, describe(call.op));
-  work->keep() = std::move(call.keep);
+  auto work = c10::make_intrusive<NeuronWork>(rank_, call.type, call.op, call.outputs, device,
+                                              call.timeout, describe(call.op));
   std::shared_ptr<runtime::Event> ready;
   if (on_neuron) {
     // NOTE: the transport starts once the caller's stream has produced the inputs (and every
@@ -225,7 +226,12 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::post(Call& call, Task task) {
     ready = std::make_shared<runtime::Event>();
     ready->record(runtime::stream_current(device));
   }
-  auto run = [this, work, ready, task = std::move(task), timeout = call.timeout] {
+  // NOTE: the tensors the transport reads and writes live until it is done; then they (and, for
+  // CPU tensors, the Work whose future the thread completes) are buried, never dropped on the
+  // communication thread (work.h).
+  auto run = [this, c = work->completion(), ready, task = std::move(task),
+              keep = std::move(call.keep), cpu_work = on_neuron ? nullptr : work,
+              timeout = call.timeout]() mutable {
     std::exception_ptr error;
     try {
       if (ready) {
@@ -241,13 +247,42 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::post(Call& call, Task task) {
     } catch (...) {
       error = std::current_exception();
     }
-    work->complete(error);
+    c->complete(error);
+    task = nullptr;  // host views only
+    Remains remains{std::move(keep), std::move(cpu_work)};
+    if (remains.work) remains.work->complete_future();
+    bury(std::move(remains));
   };
   if (call.p2p)
     p2p_thread(call.peer, call.send, call.tag).post(std::move(run));
   else
     thread_->post(std::move(run));
+  if (on_neuron) work->enqueue_completion(comm_stream(device));
   return work;
+}
+
+void NeuronBackend::bury(Remains remains) {
+  std::lock_guard<std::mutex> lock(grave_mu_);
+  grave_.push_back(std::move(remains));
+}
+
+void NeuronBackend::drain_grave() {
+  std::vector<Remains> dead;
+  {
+    std::lock_guard<std::mutex> lock(grave_mu_);
+    dead.swap(grave_);
+  }
+}
+
+runtime::Stream NeuronBackend::comm_stream(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(p2p_mu_);
+  auto it = comm_streams_.find(device);
+  if (it == comm_streams_.end()) {
+    it = comm_streams_
+             .emplace(device, runtime::stream_from_pool(device, runtime::kStreamPriorityHigh))
+             .first;
+  }
+  return it->second;
 }
 
 // --- collectives ----------------------------------------------------------------------------

@@ -22,11 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include "aten/distributed/work.h"
 #include "collectives/shm_comm.h"
+#include "runtime/stream.h"
 
 namespace openneuron::aten::distributed {
-
-class NeuronWork;
 
 // One thread running tasks in the order they were posted.
 class CommThread {
@@ -120,6 +120,15 @@ class NeuronBackend : public c10d::Backend {
   // A call of this backend's own (no tensors) in issue order with the collectives.
   c10::intrusive_ptr<c10d::Work> post_task(const char* op, Task task);
   std::string describe(const char* op) const;
+  // What a finished collective held (work.h): dropped by drain_grave() on an issuing thread.
+  struct Remains {
+    std::vector<at::Tensor> tensors;
+    c10::intrusive_ptr<NeuronWork> work;
+  };
+  void bury(Remains remains);
+  void drain_grave();
+  // The stream each device's collectives complete on (a high-priority pool stream, as NCCL's).
+  runtime::Stream comm_stream(c10::DeviceIndex device);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
   CommThread& p2p_thread(int peer, bool send, int tag);
 
@@ -130,6 +139,9 @@ class NeuronBackend : public c10d::Backend {
   std::unique_ptr<CommThread> thread_;
   std::mutex p2p_mu_;
   std::map<std::tuple<int, bool, int>, std::unique_ptr<CommThread>> p2p_threads_;
+  std::map<c10::DeviceIndex, runtime::Stream> comm_streams_;  // under p2p_mu_
+  std::mutex grave_mu_;
+  std::vector<Remains> grave_;
   // split(): the child made for the first device type (null where this rank is left out),
   // handed to the second (create.cpp).
   bool last_split_pending_ = false;

@@ -1,25 +1,52 @@
-// The c10d Work of the "neuron" process-group backend (DESIGN §7): completed by the group's
-// communication thread; wait() makes the caller's current neuron stream wait for it (as NCCL's
-// does: no host sync) or, for CPU tensors, blocks the host; its future carries the outputs.
+// The c10d Work of the "neuron" process-group backend (DESIGN §7). Ordering as NCCL's: for
+// neuron tensors the collective's completion is a work item on the group's communication
+// stream, wait() makes the caller's current stream wait for it (no host sync), and the future
+// is stream-aware (completed at issue; its callbacks run on the thread that adds them, with the
+// streams synchronized). For CPU tensors wait() blocks the host and the future completes on the
+// communication thread, as Gloo's.
+// NOTE: the communication thread never drops a tensor reference: a tensor's last reference may
+// hold a Python object, and taking the GIL there can deadlock with a Python thread that waits
+// for a full stream queue. It hands what it held to the backend (NeuronBackend::bury).
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
+#include "runtime/event.h"
+#include "runtime/stream.h"
+
 namespace openneuron::aten::distributed {
+
+// A collective's completion, shared by the Work, the communication thread and the stream item
+// (which must not hold tensors). Thread-safe.
+class Completion {
+ public:
+  void complete(std::exception_ptr e);
+  // Blocks until complete or `timeout`; false = timed out.
+  bool wait(std::chrono::milliseconds timeout);
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  std::exception_ptr error() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> done_{false};
+  std::exception_ptr error_;
+};
 
 class NeuronWork : public c10d::Work {
  public:
-  // outputs: what result() and the future return. on_neuron: the tensors are neuron tensors
-  // (wait() blocks the current stream of `device`), else CPU (wait() blocks the host).
-  // describe: "all_reduce on group 'x' (rank r of n)", for timeout messages.
+  // outputs: what result() and the future return. device: the neuron device of the tensors, or
+  // -1 for CPU tensors. describe: "all_reduce on group 'x' (rank r of n)", for messages.
   NeuronWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-             bool on_neuron, c10::DeviceIndex device, std::chrono::milliseconds timeout,
-             std::string describe);
+             c10::DeviceIndex device, std::chrono::milliseconds timeout, std::string describe);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -30,27 +57,27 @@ class NeuronWork : public c10d::Work {
   void blockCurrentStream() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
-  // The communication thread's end of it: results are in place (or e says why not). Releases
-  // the tensors the collective used (`keep`), then completes the future.
-  void complete(std::exception_ptr e);
-  // Tensors the collective reads or writes, held until complete() (the memory must not be
-  // reused while the communication thread still uses it).
-  std::vector<at::Tensor>& keep() { return keep_; }
-  // Blocks the host until complete or `timeout` (<= 0: bound()). false = timed out.
-  bool wait_host(std::chrono::milliseconds timeout);
+  const std::shared_ptr<Completion>& completion() const { return completion_; }
+  // Neuron tensors, on the issuing thread right after the collective is posted: the item that
+  // waits for it on the group's communication stream `comm`, the event after it, and the
+  // future's completion (recorded on `comm`).
+  void enqueue_completion(const runtime::Stream& comm);
+  // CPU tensors, on the communication thread: completes the future (runs its callbacks).
+  // Returns the future reference for the backend to drop elsewhere.
+  c10::intrusive_ptr<c10::ivalue::Future> complete_future();
   // How long a wait with no timeout of its own may take: 2x the group's timeout, at least 30 s
   // more (the transport's own timeout error, naming the peer, comes first).
   std::chrono::milliseconds bound() const;
 
  private:
   std::vector<at::Tensor> outputs_;
-  std::vector<at::Tensor> keep_;
-  bool on_neuron_;
+  const char* item_name_;  // "c10d::all_reduce", ...
   c10::DeviceIndex device_;
   std::chrono::milliseconds timeout_;
   std::string describe_;
-  std::atomic<bool> done_{false};
+  std::shared_ptr<Completion> completion_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::unique_ptr<runtime::Event> done_event_;  // neuron: recorded after the completion item
 };
 
 }  // namespace openneuron::aten::distributed

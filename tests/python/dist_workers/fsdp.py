@@ -2,7 +2,8 @@
 # "neuron", as a CUDA script with the device string changed; rank 0 then trains the same model
 # in one process on the whole batch (CPU) and compares the full parameters.
 # argv[1]: plain | bf16 | no_reshard | prefetch | offload | checkpoint | dcp | hsdp (a 2-D mesh:
-# replicate x shard, 4 ranks)
+# replicate x shard, 4 ranks) | meta_clip (the PyTorch FSDP2 example's flow: built on the meta
+# device, to_empty on neuron, gradient clipping over 12 blocks' DTensor gradients)
 import copy
 import os
 import sys
@@ -35,7 +36,7 @@ class Net(nn.Module):
     def __init__(self):
         super().__init__()
         self.embed = nn.Linear(8, DIM)
-        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+        self.blocks = nn.ModuleList([Block() for _ in range(12 if VARIANT == "meta_clip" else 3)])
         self.head = nn.Linear(DIM, 5)
 
     def forward(self, x):
@@ -64,6 +65,8 @@ def train(model, batches, device, rank=None, world=1):
             x, y = x.chunk(world)[rank], y.chunk(world)[rank]
         loss = nn.functional.cross_entropy(model(x.to(device)).float(), y.to(device))
         loss.backward()
+        if VARIANT == "meta_clip":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.5)
         opt.step()
         opt.zero_grad()
     return opt
@@ -91,9 +94,19 @@ def main():
     if VARIANT == "offload":
         model = copy.deepcopy(ref)  # CPU offload: parameters live on the host
         kw["offload_policy"] = CPUOffloadPolicy()
+    if VARIANT == "meta_clip":
+        with torch.device("meta"):
+            model = Net()
     for b in model.blocks:
         fully_shard(b, **kw)
     fully_shard(model, **kw)
+    if VARIANT == "meta_clip":
+        from torch.distributed.tensor import distribute_tensor
+
+        model.to_empty(device=device)
+        with torch.no_grad():
+            for p, r in zip(model.parameters(), ref.parameters()):
+                p.copy_(distribute_tensor(r.to(device), mesh, p.placements))
     if VARIANT == "prefetch":
         blocks = list(model.blocks)
         for i, b in enumerate(blocks[:-1]):

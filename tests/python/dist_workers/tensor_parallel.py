@@ -3,6 +3,7 @@
 #       random DTensors (the RNG tracker on the neuron generator);
 #   tp: a Llama-style block (attention + SwiGLU MLP) under parallelize_module (colwise/rowwise),
 #       forward and backward against the same block in one process;
+#   tp_dt: the same with q/k/v as DTensors through attention (SDPA on DTensors);
 #   sp: the same with sequence parallelism (SequenceParallel norms, sharded sequence);
 #   fsdp_tp: FSDP2 over the data dimension and TP over the model dimension of a 2-D mesh.
 import copy
@@ -56,6 +57,11 @@ class Block(nn.Module):
 TP_PLAN = {"wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(),
            "wo": RowwiseParallel(), "w1": ColwiseParallel(), "w3": ColwiseParallel(),
            "w2": RowwiseParallel()}
+# q/k/v stay DTensors (sharded over heads) through attention, as torchtitan's plan: SDPA then
+# runs on DTensors (openneuron/_dtensor.py's sharding rules for neuron's SDPA op).
+DT_PLAN = dict(TP_PLAN, wq=ColwiseParallel(use_local_output=False),
+               wk=ColwiseParallel(use_local_output=False),
+               wv=ColwiseParallel(use_local_output=False))
 SP_PLAN = {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
            "wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(),
            "wo": RowwiseParallel(output_layouts=Shard(1)),
@@ -111,12 +117,12 @@ def main():
         again = draw()
         assert torch.equal(again[0].to_local().cpu(), sharded.to_local().cpu())
         assert torch.equal(again[1].to_local().cpu(), replicated.to_local().cpu())
-    elif VARIANT in ("tp", "sp"):
+    elif VARIANT in ("tp", "tp_dt", "sp"):
         mesh = init_device_mesh("neuron", (world,))
         torch.manual_seed(0)
         ref = Block()
         model = copy.deepcopy(ref).to(device)
-        plan = TP_PLAN if VARIANT == "tp" else SP_PLAN
+        plan = {"tp": TP_PLAN, "tp_dt": DT_PLAN, "sp": SP_PLAN}[VARIANT]
         if VARIANT == "sp":
             # the block takes and returns its sequence shard (plain tensors, dim 1)
             model = parallelize_module(model, mesh, {"": PrepareModuleInput(
