@@ -98,7 +98,7 @@ void NeuronWork::enqueue_completion(const runtime::Stream& comm) {
     if (!c->wait(bound))
       throw std::runtime_error("neuron collectives: " + what + " did not complete within " +
                                std::to_string(bound.count()) + " ms");
-    if (std::exception_ptr e = c->error()) std::rethrow_exception(e);
+    if (std::exception_ptr e = c->error(); e && c->claim_report()) std::rethrow_exception(e);
   });
   done_event_ = std::make_unique<runtime::Event>();
   done_event_->record(comm);
@@ -124,7 +124,10 @@ void NeuronWork::blockCurrentStream() {
     synchronize();
     return;
   }
-  if (std::exception_ptr e = completion_->error()) std::rethrow_exception(e);
+  if (std::exception_ptr e = completion_->error()) {
+    if (completion_->claim_report()) std::rethrow_exception(e);
+    return;  // the completion item reported it: raised at the next sync
+  }
   if (completion_->done()) return;
   // NOTE: the current stream waits for the completion item; the host and the other streams go on.
   done_event_->block(runtime::stream_current(device_));
@@ -136,7 +139,13 @@ void NeuronWork::synchronize() {
                 bound().count(),
                 " ms. Check that every rank calls the same collectives in the same order, or "
                 "raise `timeout` in init_process_group / new_group.");
-  if (std::exception_ptr e = completion_->error()) std::rethrow_exception(e);
+  rethrow_unreported();
+}
+
+void NeuronWork::rethrow_unreported() {
+  std::exception_ptr e = completion_->error();
+  // NOTE: CPU tensors have no completion item: their error is raised at every wait.
+  if (e && (!done_event_ || completion_->claim_report())) std::rethrow_exception(e);
 }
 
 bool NeuronWork::wait(std::chrono::milliseconds timeout) {
@@ -147,7 +156,7 @@ bool NeuronWork::wait(std::chrono::milliseconds timeout) {
   if (!completion_->wait(timeout == kNoTimeout ? bound() : timeout))
     TORCH_CHECK(false, "neuron collectives: ", describe_, " did not complete within ",
                 (timeout == kNoTimeout ? bound() : timeout).count(), " ms");
-  if (std::exception_ptr e = completion_->error()) std::rethrow_exception(e);
+  rethrow_unreported();
   return true;
 }
 

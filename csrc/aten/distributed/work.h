@@ -33,11 +33,15 @@ class Completion {
   bool wait(std::chrono::milliseconds timeout);
   bool done() const { return done_.load(std::memory_order_acquire); }
   std::exception_ptr error() const;
+  // An error is reported once: by Work.wait() (raised at the call) or by the stream item
+  // (raised at the next sync), whichever claims it first.
+  bool claim_report() { return !reported_.exchange(true, std::memory_order_acq_rel); }
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> done_{false};
+  std::atomic<bool> reported_{false};
   std::exception_ptr error_;
 };
 
@@ -70,6 +74,8 @@ class NeuronWork : public c10d::Work {
   std::chrono::milliseconds bound() const;
 
  private:
+  // Raises the collective's error unless the completion item already reported it.
+  void rethrow_unreported();
   std::vector<at::Tensor> outputs_;
   const char* item_name_;  // "c10d::all_reduce", ...
   c10::DeviceIndex device_;
