@@ -317,22 +317,41 @@ void check_reduce(const at::Tensor& t, const c10d::ReduceOp& op, const std::stri
               "neuron collectives: ", what, ": AVG of bool tensors is undefined");
 }
 
-// Runs a reduction with AVG / PREMUL_SUM applied around the transport's kSum. in may be
-// scaled (PREMUL_SUM) only when it is the caller's output buffer too (in place).
+// Runs a reduction with AVG / PREMUL_SUM applied around the transport's kSum:
+// transport(in, out, dtype) reduces `in` into `out` (undefined where this rank gets nothing).
+// in may be scaled (PREMUL_SUM) in place only when it is the caller's output buffer too.
+// NOTE: bfloat16/float16 AVG and PREMUL_SUM are scaled and summed in float32 and rounded once
+// (twice the bytes moved), as their SUM is; scaling in the tensor's dtype rounds twice.
 template <class F>
 void reduce_with(const c10d::ReduceOp& op, const at::Tensor& in_host, const at::Tensor& out_host,
-                 bool out_valid, int size, F&& transport) {
+                 int size, coll::DType dt, F&& transport) {
+  const bool avg = op.op_ == c10d::ReduceOp::AVG, premul = op.op_ == c10d::ReduceOp::PREMUL_SUM;
+  const at::ScalarType st = in_host.scalar_type();
+  if ((avg || premul) && (st == at::kBFloat16 || st == at::kHalf)) {
+    at::Tensor in = in_host.to(at::kFloat);
+    if (premul) in.mul_(premul_factor(op));
+    at::Tensor out =
+        out_host.defined() ? at::empty({out_host.numel()}, in.options()) : at::Tensor();
+    transport(in, out, coll::DType::kFloat32);
+    if (!out.defined()) return;
+    if (avg) out.div_(size);
+    out_host.copy_(out.view(out_host.sizes()));
+    return;
+  }
   at::Tensor in = in_host;
-  if (op.op_ == c10d::ReduceOp::PREMUL_SUM) {
+  if (premul) {
     const double f = premul_factor(op);
     if (in_host.is_same(out_host))
       in.mul_(f);
     else
       in = in_host.mul(f);
   }
-  transport(in);
-  if (op.op_ == c10d::ReduceOp::AVG && out_valid) finish_avg(out_host, size);
+  transport(in, out_host, dt);
+  if (avg && out_host.defined()) finish_avg(out_host, size);
 }
+
+// The data pointer of a tensor that may be undefined (a rank that receives nothing).
+void* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
 }  // namespace
 
@@ -346,9 +365,10 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::allreduce(std::vector<at::Tensor>&
   auto [count, dt] = elems(t);
   return post(call,
               [h = host_of(t), rop = opts.reduceOp, op, count, dt, size = size_](coll::ShmComm& c) {
-                reduce_with(rop, h, h, true, size, [&](const at::Tensor& in) {
-                  c.all_reduce(in.data_ptr(), h.data_ptr(), count, dt, op);
-                });
+                reduce_with(rop, h, h, size, dt,
+                            [&](const at::Tensor& in, const at::Tensor& out, coll::DType d) {
+                              c.all_reduce(in.data_ptr(), out.data_ptr(), count, d, op);
+                            });
               });
 }
 
@@ -365,9 +385,10 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::allreduce_coalesced(
   return post(call, [hosts, rop = opts.reduceOp, op, size = size_](coll::ShmComm& c) {
     for (const at::Tensor& h : hosts) {
       auto [count, dt] = elems(h);
-      reduce_with(rop, h, h, true, size, [&](const at::Tensor& in) {
-        c.all_reduce(in.data_ptr(), h.data_ptr(), count, dt, op);
-      });
+      reduce_with(rop, h, h, size, dt,
+                  [&](const at::Tensor& in, const at::Tensor& out, coll::DType d) {
+                    c.all_reduce(in.data_ptr(), out.data_ptr(), count, d, op);
+                  });
     }
   });
 }
@@ -387,10 +408,10 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::reduce(std::vector<at::Tensor>& te
   return post(call, [h = host_of(t), rop = opts.reduceOp, op, count, dt, root, is_root,
                      size = size_](coll::ShmComm& c) {
     // NOTE: a non-root's input stays as it was (PREMUL_SUM scales a copy there).
-    const at::Tensor out = is_root ? h : at::Tensor();
-    reduce_with(rop, h, is_root ? h : at::Tensor(), is_root, size, [&](const at::Tensor& in) {
-      c.reduce(in.data_ptr(), is_root ? out.data_ptr() : nullptr, count, dt, op, root);
-    });
+    reduce_with(rop, h, is_root ? h : at::Tensor(), size, dt,
+                [&](const at::Tensor& in, const at::Tensor& out, coll::DType d) {
+                  c.reduce(in.data_ptr(), ptr_or_null(out), count, d, op, root);
+                });
   });
 }
 
@@ -594,9 +615,10 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::_reduce_scatter_base(
   auto [count, dt] = elems(output);
   return post(call, [in = host_of(input), out = host_of(output), rop = opts.reduceOp, op, count, dt,
                      size = size_](coll::ShmComm& c) {
-    reduce_with(rop, in, out, true, size, [&](const at::Tensor& x) {
-      c.reduce_scatter(x.data_ptr(), out.data_ptr(), count, dt, op);
-    });
+    reduce_with(rop, in, out, size, dt,
+                [&](const at::Tensor& x, const at::Tensor& o, coll::DType d) {
+                  c.reduce_scatter(x.data_ptr(), o.data_ptr(), count, d, op);
+                });
   });
 }
 
@@ -626,9 +648,10 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::reduce_scatter_tensor_coalesced(
   return post(call, [pairs, rop = opts.reduceOp, op, size = size_](coll::ShmComm& c) {
     for (const auto& [in, out] : pairs) {
       auto [count, dt] = elems(out);
-      reduce_with(rop, in, out, true, size, [&](const at::Tensor& x) {
-        c.reduce_scatter(x.data_ptr(), out.data_ptr(), count, dt, op);
-      });
+      reduce_with(rop, in, out, size, dt,
+                  [&](const at::Tensor& x, const at::Tensor& o, coll::DType d) {
+                    c.reduce_scatter(x.data_ptr(), o.data_ptr(), count, d, op);
+                  });
     }
   });
 }
@@ -659,10 +682,10 @@ c10::intrusive_ptr<c10d::Work> NeuronBackend::reduce_scatter(
                      size = size_](coll::ShmComm& c) {
     // The list packed into one buffer (a CPU tensor, so PREMUL_SUM can scale it in place).
     at::Tensor packed = at::stack(ins);
-    reduce_with(rop, packed, packed, false, size, [&](const at::Tensor& x) {
-      c.reduce_scatter(x.data_ptr(), out.data_ptr(), count, dt, op);
-    });
-    if (rop.op_ == c10d::ReduceOp::AVG) finish_avg(out, size);
+    reduce_with(rop, packed, out, size, dt,
+                [&](const at::Tensor& x, const at::Tensor& o, coll::DType d) {
+                  c.reduce_scatter(x.data_ptr(), o.data_ptr(), count, d, op);
+                });
   });
 }
 
