@@ -53,7 +53,7 @@ struct PairHash {
   }
 };
 
-struct Table {
+struct OriginTable {
   std::mutex mu;
   std::unordered_map<const void*, bool> internal;  // code object -> inside torch/openneuron
   // (code object, instruction offset) -> id; the line is computed only on a miss.
@@ -61,8 +61,8 @@ struct Table {
   std::vector<std::string> texts{""};  // id 0 = unknown
 };
 
-Table& table() {
-  static Table* t = new Table();  // NOTE: leaked on purpose; resolver may run at exit
+OriginTable& origin_table() {
+  static OriginTable* t = new OriginTable();  // NOTE: leaked on purpose; resolver may run at exit
   return *t;
 }
 
@@ -133,7 +133,7 @@ bool is_internal_file(const std::string& f) {
 }
 
 // Caller holds the GIL and t.mu. Takes a reference to code when it is cached.
-bool code_is_internal(Table& t, PyCodeObject* code) {
+bool code_is_internal(OriginTable& t, PyCodeObject* code) {
   auto it = t.internal.find(code);
   if (it != t.internal.end()) {
     fast_fill(tl_codes, code, 0, FastCode{code, it->second});  // pinned: in t.internal
@@ -148,7 +148,7 @@ bool code_is_internal(Table& t, PyCodeObject* code) {
   return internal;
 }
 
-uint32_t intern(Table& t, PyFrameObject* frame, PyCodeObject* code) {
+uint32_t intern(OriginTable& t, PyFrameObject* frame, PyCodeObject* code) {
   auto key = std::make_pair(static_cast<const void*>(code), PyFrame_GetLasti(frame));
   auto it = t.ids.find(key);
   if (it != t.ids.end()) {
@@ -175,7 +175,7 @@ uint32_t capture_locked() {
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   if (!frame) return 0;
   Py_INCREF(frame);
-  Table& t = table();
+  OriginTable& t = origin_table();
   uint32_t id = 0;
   {
     std::lock_guard<std::mutex> lock(t.mu);
@@ -393,7 +393,7 @@ void origin_install() {
   static std::once_flag once;
   std::call_once(once, [] {
     runtime::origin_set_resolver([](uint32_t id) -> std::string {
-      Table& t = table();
+      OriginTable& t = origin_table();
       std::lock_guard<std::mutex> lock(t.mu);
       return id < t.texts.size() ? t.texts[id] : std::string();
     });
