@@ -1,12 +1,13 @@
 # The project's vocabulary (README.md lists these): make, make test, make demo, make finetune,
-# make bench[-training|-kernels|-fusion|-decode|-ir|-collectives], make lint, make asan, make tsan. Every target sets
+# make bench[-training|-kernels|-fusion|-decode|-ir|-shm|-collectives|-distributed], make lint,
+# make asan, make tsan. Every target sets
 # itself up first (scripts/setup.sh).
 PY := .venv/bin/python
 BUILD := build
 # NOTE: one build at a time in a build folder (several shells may run make at once).
 LOCKED := flock $(BUILD)/.lock
 
-.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir bench-collectives lint asan tsan clean
+.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir bench-shm bench-collectives bench-distributed lint asan tsan clean
 
 all: build
 
@@ -71,6 +72,13 @@ bench-collectives: build
 bench-ir: build
 	@$(LOCKED) cmake --build $(BUILD) --target ir_bench
 	$(BUILD)/ir_bench
+
+bench-shm: build
+	@$(LOCKED) cmake --build $(BUILD) --target shm_bench
+	$(BUILD)/shm_bench 2
+
+bench-distributed: build
+	$(PY) benchmarks/distributed_training.py
 
 lint: setup
 	@command -v clang-format >/dev/null || (echo "lint: apt-get install clang-format" && exit 1)

@@ -27,6 +27,11 @@ namespace {
 
 // Reductions up to this size (and a slot half) take one step: every rank reduces all slots.
 constexpr size_t kDirectBytes = 32 << 10;
+// Large messages move in steps of at most this many bytes per rank (less than a slot half): a
+// step's slots stay in the cores' caches between the rank that writes and the ranks that read,
+// so memory sees each byte of the message about once (64 MiB all_reduce of 2 ranks: 21 ms in
+// 2 MiB steps, 15 ms in 256 KiB steps, on a 2-core Xeon).
+constexpr size_t kStepBytes = 256 << 10;
 
 constexpr const char* kCallHint =
     "did not make the same call; check that every rank calls the same collectives in the same "
@@ -398,6 +403,8 @@ void ShmCommImpl::reduce_slots(void* dst, size_t first, size_t n, size_t elem_of
   reduce_many(dst, inputs_.data(), size_, n, dt, op);
 }
 
+size_t ShmCommImpl::step_bytes() const { return std::min(layout_.half, kStepBytes); }
+
 void ShmCommImpl::all_reduce(const void* in, void* out, size_t count, DType dt, ReduceOp op) {
   check_reduce_args("all_reduce", dt, op);
   if (size_ == 1) {
@@ -429,7 +436,7 @@ void ShmCommImpl::reduce_impl(const uint8_t* in, uint8_t* out, size_t count, DTy
   }
   // Chunks: each rank reduces its 1/size portion of every slot into its own slot, then every
   // rank (or the root) copies all portions out.
-  const size_t chunk = layout_.half / es;
+  const size_t chunk = step_bytes() / es;
   auto portion = [&](int p, size_t n) { return n * static_cast<size_t>(p) / size_; };
   for (size_t off = 0; off < count; off += chunk) {
     const size_t n = std::min(chunk, count - off);
@@ -455,7 +462,7 @@ void ShmCommImpl::reduce_scatter(const void* in, void* out, size_t count, DType 
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   // Per step, each rank stages `chunk` elements of every block; rank r reduces block r.
-  const size_t chunk = layout_.half / (es * size_);
+  const size_t chunk = step_bytes() / (es * size_);
   const size_t steps = chunks_of(count, chunk);
   for (size_t c = 0; c < steps; ++c) {
     const size_t off = c * chunk, n = std::min(chunk, count - off);
@@ -474,9 +481,9 @@ void ShmCommImpl::broadcast(void* buf, size_t bytes, int root) {
   check_root("broadcast", root);
   begin({CallOp::kBroadcast, bytes, -1, -1, root});
   auto* data = static_cast<uint8_t*>(buf);
-  const size_t steps = chunks_of(bytes, layout_.half);
+  const size_t steps = chunks_of(bytes, step_bytes());
   for (size_t c = 0; c < steps; ++c) {
-    const size_t off = c * layout_.half, n = std::min(layout_.half, bytes - off);
+    const size_t off = c * step_bytes(), n = std::min(step_bytes(), bytes - off);
     if (rank_ == root) std::memcpy(slot(root), data + off, n);
     step();
     if (rank_ != root) std::memcpy(data + off, slot(root), n);
@@ -489,9 +496,9 @@ void ShmCommImpl::all_gather(const void* in, void* out, size_t bytes) {
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   const bool in_place = src == dst + rank_ * bytes;
-  const size_t steps = chunks_of(bytes, layout_.half);
+  const size_t steps = chunks_of(bytes, step_bytes());
   for (size_t c = 0; c < steps; ++c) {
-    const size_t off = c * layout_.half, n = std::min(layout_.half, bytes - off);
+    const size_t off = c * step_bytes(), n = std::min(step_bytes(), bytes - off);
     std::memcpy(slot(rank_), src + off, n);
     step();
     for (int p = 0; p < size_; ++p) {
@@ -506,9 +513,9 @@ void ShmCommImpl::gather(const void* in, void* out, size_t bytes, int root) {
   begin({CallOp::kGather, bytes, -1, -1, root});
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  const size_t steps = chunks_of(bytes, layout_.half);
+  const size_t steps = chunks_of(bytes, step_bytes());
   for (size_t c = 0; c < steps; ++c) {
-    const size_t off = c * layout_.half, n = std::min(layout_.half, bytes - off);
+    const size_t off = c * step_bytes(), n = std::min(step_bytes(), bytes - off);
     std::memcpy(slot(rank_), src + off, n);
     step();
     if (rank_ == root) {
@@ -523,7 +530,7 @@ void ShmCommImpl::scatter(const void* in, void* out, size_t bytes, int root) {
   begin({CallOp::kScatter, bytes, -1, -1, root});
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
-  const size_t chunk = layout_.half / size_;
+  const size_t chunk = step_bytes() / size_;
   const size_t steps = chunks_of(bytes, chunk);
   for (size_t c = 0; c < steps; ++c) {
     const size_t off = c * chunk, n = std::min(chunk, bytes - off);
@@ -568,7 +575,7 @@ void ShmCommImpl::all_to_all(const void* in, const size_t* send_offsets, const s
   auto* dst = static_cast<uint8_t*>(out);
   // Per step, rank r's slot carries the next `piece` bytes of its message to each rank q at
   // q * piece; the first pieces go with the step that exchanges the sizes.
-  const size_t piece = layout_.half / size_;
+  const size_t piece = step_bytes() / size_;
   auto stage = [&](size_t off) {
     for (int q = 0; q < size_; ++q) {
       if (off < send_bytes[q]) {

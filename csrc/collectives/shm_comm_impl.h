@@ -89,6 +89,7 @@ class ShmCommImpl final : public ShmComm {
   // the call's first step also compares the descriptors.
   void step();
   void next_half() { ++use_; }
+  size_t step_bytes() const;
   void check_calls();
   void check_all_to_all_sizes(uint64_t* max_bytes);
   void check_reduce_args(const char* op, DType dt, ReduceOp red) const;
