@@ -27,19 +27,25 @@ test-cpp: build
 	  echo "runtime_tests: OPENNEURON_ISA=$$isa"; \
 	  OPENNEURON_ISA=$$isa $(BUILD)/runtime_tests --gtest_brief=1 || exit 1; done
 
-test-python: build
-	$(PY) -m pytest tests/python
+# pytest-xdist: two workers (the distributed tests' ranks and the fresh interpreters wait as
+# much as they compute); the database tests' pass counts still print (conftest.py).
+PYTEST := $(PY) -m pytest -n 2
 
-# The suite again with adaptive eager on (it must change no result): every file that computes
-# results. Left out (CI time): device enumeration and the CLI (no op results), the Hugging Face
-# ecosystem runs (Trainer/accelerate/examples: their numerics are test_hf_models.py's and
-# test_training.py's, which do run) and the distributed runs (collectives and process groups,
-# no fused op); test_opinfo.py keeps only the ops adaptive eager records (the rest ran above).
-FUSION_SKIP := test_cli.py test_device.py test_examples_hf.py test_huggingface_stack.py
+test-python: build
+	$(PYTEST) tests/python
+
+# The suite again with adaptive eager on (it must change no result): the files that compute
+# results. Left out: adaptive eager's own tests (test_fusion.py runs both modes), devices,
+# streams, events, memory, RNG, profiler, origin, CLI and storage (no result a fused group
+# computes), the Hugging Face ecosystem runs (their numerics are test_hf_models.py's and
+# test_training.py's) and the distributed runs; test_opinfo.py keeps only the ops adaptive eager
+# records (the rest ran above).
+FUSION_FILES := opinfo modules optimizers training hf_models generate tracing lowp_training \
+  fusion_math native_kernels native_norms autocast autograd checkpoint grad_scaler \
+  recurrent_modules async_aten_path accelerator_only_ops bad_input errors
 test-fusion: build
-	TORCH_NEURONX_ENABLE_CONCATENATION=1 $(PY) -m pytest tests/python -q \
-	  $(foreach f,$(FUSION_SKIP),--ignore=tests/python/$(f)) \
-	  --ignore-glob='tests/python/test_distributed_*'
+	TORCH_NEURONX_ENABLE_CONCATENATION=1 $(PYTEST) -q \
+	  $(foreach f,$(FUSION_FILES),tests/python/test_$(f).py)
 
 # The bitwise tests again under every OPENNEURON_ISA / ATEN_CPU_CAPABILITY / MKL code path.
 test-isa: build

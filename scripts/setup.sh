@@ -29,8 +29,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # accelerate and peft: the versions tested with transformers 5.20.0 and torch 2.13.0
   # (tests/python/test_huggingface_stack.py); neither makes pip touch torch.
   .venv/bin/pip install -q --disable-pip-version-check \
-    torch==2.13.0 setuptools wheel pytest numpy expecttest hypothesis transformers==5.20.0 \
-    accelerate==1.15.0 peft==0.21.2
+    torch==2.13.0 setuptools wheel pytest pytest-xdist numpy expecttest hypothesis \
+    transformers==5.20.0 accelerate==1.15.0 peft==0.21.2
   .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
   echo "$want" >"$stamp"
 fi

@@ -62,6 +62,7 @@ def _synchronize_neuron():
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(_DatabaseSummary(), "openneuron_database_summary")
     config.addinivalue_line(
         "markers", "subprocess: runs code in a fresh interpreter (the run_py fixture); added "
         "automatically. `make test-isa` deselects these: they test logging, configuration and "
@@ -75,8 +76,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def tally(counts: dict, report, skipped_key: str | None = None) -> None:
-    """Adds one test report to counts ({"passed", "xfailed", "failed", ...}) for the database
-    tests' pass-count summaries (test_opinfo/test_modules/test_optimizers): a strict xfail that
+    """Adds one test report to counts ({"passed", "xfailed", "failed", ...}): a strict xfail that
     passed counts as failed; a plain skip counts under skipped_key when given."""
     if hasattr(report, "wasxfail"):
         counts["xfailed" if report.skipped else "failed"] += 1
@@ -86,7 +86,55 @@ def tally(counts: dict, report, skipped_key: str | None = None) -> None:
         counts[report.outcome] += 1
 
 
-def register_summary(request, plugin) -> None:
-    """Registers a summary plugin (pytest_runtest_logreport / pytest_terminal_summary) once."""
-    if not request.config.pluginmanager.is_registered(plugin):
-        request.config.pluginmanager.register(plugin)
+def summarize(request, title: str, row: str, skipped_key: str | None = None) -> None:
+    """Counts this test in the pass-count summary of a database test (OpInfo, ModuleInfo,
+    OptimizerInfo): `title` names the table, `row` the line (a dtype, ...). Through the test's
+    report (user_properties), so the counts reach pytest-xdist's controller."""
+    request.node.user_properties.append(("db_summary", (title, row, skipped_key)))
+
+
+class _DatabaseSummary:
+    """The database tests' pass counts, printed in pytest's terminal summary (one table per
+    title, one line per row, and a total); extra counts a test reports as ("db_extra", {name:
+    n}) (ModuleInfo's samples) are summed per row."""
+
+    def __init__(self):
+        self.tables: dict[str, dict[str, dict]] = {}
+        self.extras: dict[tuple[str, str], dict[str, int]] = {}
+
+    def pytest_runtest_logreport(self, report):
+        props = dict(report.user_properties)
+        if "db_summary" not in props:
+            return
+        title, row, skipped_key = props["db_summary"]
+        if report.when == "call" or (report.when == "setup" and report.skipped):
+            keys = ["passed", "xfailed", "failed"] + ([skipped_key] if skipped_key else [])
+            counts = self.tables.setdefault(title, {}).setdefault(row, dict.fromkeys(keys, 0))
+            tally(counts, report, skipped_key)
+        if report.when == "call" and "db_extra" in props:
+            extra = self.extras.setdefault((title, row), {})
+            for k, n in props["db_extra"].items():
+                extra[k] = extra.get(k, 0) + n
+
+    def pytest_terminal_summary(self, terminalreporter):
+        for title, rows in sorted(self.tables.items()):
+            terminalreporter.write_line(title)
+            total: dict[str, int] = {}
+            for row, c in sorted(rows.items()):
+                for k, n in c.items():
+                    total[k] = total.get(k, 0) + n
+                terminalreporter.write_line(f"  {self._line(row, c, self.extras.get((title, row)))}")
+            if len(rows) > 1:
+                terminalreporter.write_line(f"  {self._line('total', total, None)}")
+
+    @staticmethod
+    def _line(row: str, c: dict, extra: dict | None) -> str:
+        ran = c["passed"] + c["xfailed"] + c["failed"]
+        pct = 100.0 * c["passed"] / ran if ran else 0.0
+        line = (f"{row:<28} {c['passed']}/{ran} pass ({pct:.1f}%), {c['xfailed']} xfail, "
+                f"{c['failed']} fail")
+        line += "".join(f", {n} {k}" for k, n in c.items()
+                        if k not in ("passed", "xfailed", "failed"))
+        if extra:
+            line += "; " + ", ".join(f"{n} {k}" for k, n in extra.items())
+        return line

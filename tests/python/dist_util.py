@@ -1,6 +1,6 @@
 # Runs the ranks of a distributed test as separate processes (each in its own session), with a
 # deadline: on timeout or when the test ends, every process started is killed by its pid's
-# process group, so a hang fails one test and never the run. Also lists this machine's
+# process group, so a hang fails one test and never the run. Also lists this machine's leaked
 # shared-memory segments of the backend, to check none is left behind.
 from __future__ import annotations
 
@@ -33,7 +33,16 @@ def free_port() -> int:
 
 
 def shm_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("openneuron-")}
+    """This machine's segments of the backend whose creating process has ended: a segment is
+    unlinked once every rank has attached, so one outliving its creator is a leak. (Segments of
+    live processes, such as another test's ranks running in parallel, are not counted.)"""
+    leaked = set()
+    for name in os.listdir("/dev/shm"):
+        parts = name.split("-")  # openneuron-<pid>-<token>
+        if len(parts) == 3 and parts[0] == "openneuron" and parts[1].isdigit():
+            if not os.path.exists(f"/proc/{parts[1]}"):
+                leaked.add(name)
+    return leaked
 
 
 def _descendants(pid: int) -> list[int]:

@@ -16,7 +16,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import register_summary, tally
+from conftest import summarize
 from torch.testing._internal.common_modules import module_db
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -89,57 +89,9 @@ def _params():
                                marks=marks)
 
 
-_SAMPLE_OUTCOMES = ("passed", "failed", "cpu unsupported")
-
-
-class _Summary:
-    """Counts this file's (module, mode, dtype) results and compared / cpu-unsupported samples,
-    and prints them in pytest's terminal summary."""
-
-    def __init__(self):
-        self.counts = {}
-        self.samples = {}
-
-    def count_sample(self, dtype, key):
-        c = self.samples.setdefault(_dtype_name(dtype), dict.fromkeys(_SAMPLE_OUTCOMES, 0))
-        c[key] += 1
-
-    def pytest_runtest_logreport(self, report):
-        if "test_modules.py::test_module_cpu_parity" not in report.nodeid:
-            return
-        if report.when != "call" and not (report.when == "setup" and report.skipped):
-            return
-        dtype = report.nodeid.rsplit("-", 1)[-1].rstrip("]")
-        c = self.counts.setdefault(dtype, {"passed": 0, "xfailed": 0, "failed": 0,
-                                           "cpu unsupported": 0})
-        tally(c, report, skipped_key="cpu unsupported")
-
-    def pytest_terminal_summary(self, terminalreporter):
-        if not self.counts:
-            return
-        terminalreporter.write_line(
-            f"ModuleInfo compare cpu vs neuron ({MAX_SAMPLES or 'all'} samples per module, mode "
-            f"and dtype; {len(EXCLUDED)} modules excluded: random results):")
-        for dtype in [_dtype_name(d) for d in DTYPES]:
-            if dtype not in self.counts:
-                continue
-            c = self.counts[dtype]
-            s = self.samples.get(dtype, dict.fromkeys(_SAMPLE_OUTCOMES, 0))
-            ran = c["passed"] + c["xfailed"] + c["failed"]
-            pct = 100.0 * c["passed"] / ran if ran else 0.0
-            terminalreporter.write_line(
-                f"  {dtype:<9} {c['passed']}/{ran} (module, mode) pairs pass ({pct:.1f}%), "
-                f"{c['xfailed']} xfail, {c['failed']} fail, {c['cpu unsupported']} cpu "
-                f"unsupported; samples: {s['passed']} pass, {s['failed']} fail (known or not), "
-                f"{s['cpu unsupported']} cpu unsupported")
-
-
-_summary = _Summary()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _register_summary(request):
-    register_summary(request, _summary)
+SUMMARY = (f"ModuleInfo compare cpu vs neuron, (module, mode) pairs ({MAX_SAMPLES or 'all'} "
+           f"samples per module, mode and dtype; {len(EXCLUDED)} modules excluded: random "
+           f"results):")
 
 
 def _leaf_on(device):
@@ -239,7 +191,11 @@ def _run_sample(info, sample, dtype, training, tol):
 
 
 @pytest.mark.parametrize("info,dtype,training", list(_params()))
-def test_module_cpu_parity(info, dtype, training):
+def test_module_cpu_parity(info, dtype, training, request):
+    summarize(request, SUMMARY, _dtype_name(dtype), skipped_key="cpu unsupported")
+    samples_seen = {"samples pass": 0, "samples fail (known or not)": 0,
+                    "samples cpu unsupported": 0}
+    request.node.user_properties.append(("db_extra", samples_seen))
     op_tol, dtype_tol = TOLERANCES.get(info.name, {}), DTYPE_TOLERANCES.get(dtype, {})
     tol = {k: max(op_tol.get(k, 0.0), dtype_tol.get(k, 0.0)) for k in {*op_tol, *dtype_tol}}
     torch.manual_seed(0)
@@ -253,9 +209,9 @@ def test_module_cpu_parity(info, dtype, training):
                 ran = _run_sample(info, sample, dtype, training, tol)
             except Exception as e:  # noqa: BLE001  (every sample runs; failures reported below)
                 failures.setdefault(sample.desc, []).append(f"sample {i} ({sample.desc!r}): {e}")
-                _summary.count_sample(dtype, "failed")
+                samples_seen["samples fail (known or not)"] += 1
                 continue
-            _summary.count_sample(dtype, "passed" if ran else "cpu unsupported")
+            samples_seen["samples pass" if ran else "samples cpu unsupported"] += 1
             compared += ran
     xfail = XFAILS.get((info.name, dtype)) or XFAILS.get((info.name, None))
     report = "\n\n".join(m for msgs in failures.values() for m in msgs)

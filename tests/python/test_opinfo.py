@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import register_summary, tally
+from conftest import summarize
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_map
 
@@ -152,49 +152,8 @@ def _is_random_sample(name, sample) -> bool:
     return isinstance(p, float) and p > 0.0 and sample.kwargs.get("training", True)
 
 
-class _Summary:
-    """Counts this file's (op, dtype) results and prints them in pytest's terminal summary."""
-
-    def __init__(self):
-        self.counts = {}
-
-    def pytest_runtest_logreport(self, report):
-        if "test_opinfo.py::test_compare_cpu" not in report.nodeid or report.when != "call":
-            return
-        dtype = report.nodeid.rsplit("-", 1)[-1].rstrip("]")
-        c = self.counts.setdefault(dtype, {"passed": 0, "xfailed": 0, "failed": 0})
-        tally(c, report)
-
-    def pytest_terminal_summary(self, terminalreporter):
-        if not self.counts:
-            return
-        terminalreporter.write_line(
-            f"OpInfo compare cpu vs neuron ({MAX_SAMPLES or 'all'} samples per op and dtype; "
-            f"{len(EXCLUDED)} ops excluded: random or uninitialized results):")
-        total = {"passed": 0, "xfailed": 0, "failed": 0}
-        for dtype in [_dtype_name(d) for d in DTYPES]:
-            if dtype not in self.counts:
-                continue
-            c = self.counts[dtype]
-            for k in total:
-                total[k] += c[k]
-            terminalreporter.write_line(f"  {self._line(dtype, c)}")
-        terminalreporter.write_line(f"  {self._line('total', total)}")
-
-    @staticmethod
-    def _line(label, c):
-        ran = sum(c.values())
-        pct = 100.0 * c["passed"] / ran if ran else 0.0
-        return (f"{label:<9} {c['passed']}/{ran} (op, dtype) pairs pass ({pct:.1f}%), "
-                f"{c['xfailed']} xfail, {c['failed']} fail")
-
-
-_summary = _Summary()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _register_summary(request):
-    register_summary(request, _summary)
+SUMMARY = (f"OpInfo compare cpu vs neuron, (op, dtype) pairs ({MAX_SAMPLES or 'all'} samples per "
+           f"op and dtype; {len(EXCLUDED)} ops excluded: random or uninitialized results):")
 
 
 def _samples(op, name, dtype):
@@ -204,7 +163,8 @@ def _samples(op, name, dtype):
 
 
 @pytest.mark.parametrize("op,dtype", list(_params()))
-def test_compare_cpu(op, dtype):
+def test_compare_cpu(op, dtype, request):
+    summarize(request, SUMMARY, _dtype_name(dtype))
     name = _full_name(op)
     op_tol, dtype_tol = TOLERANCES.get(name, {}), DTYPE_TOLERANCES.get(dtype, {})
     tol = {k: max(op_tol.get(k, 0.0), dtype_tol.get(k, 0.0)) for k in {*op_tol, *dtype_tol}}

@@ -15,7 +15,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import register_summary, tally
+from conftest import summarize
 from torch.testing._internal.common_optimizers import optim_db
 from torch.utils._pytree import tree_map
 
@@ -108,45 +108,7 @@ def _params():
                                id=f"{info.name}-{_slug(desc)}-{impl}-{_dtype_name(dtype)}")
 
 
-class _Summary:
-    """Counts this file's (optimizer, config, impl) results and prints them in pytest's terminal
-    summary."""
-
-    def __init__(self):
-        self.counts = {}
-
-    def pytest_runtest_logreport(self, report):
-        if "test_optimizers.py::test_optimizer_cpu_parity" not in report.nodeid:
-            return
-        if report.when != "call":
-            return
-        impl, dtype = report.nodeid.rstrip("]").rsplit("-", 2)[-2:]
-        c = self.counts.setdefault((dtype, impl), {"passed": 0, "xfailed": 0, "failed": 0})
-        tally(c, report)
-
-    def pytest_terminal_summary(self, terminalreporter):
-        if not self.counts:
-            return
-        terminalreporter.write_line(
-            f"OptimizerInfo compare neuron vs cpu ({STEPS} steps, "
-            f"{len(optim_db)} optimizers):")
-        for dtype, impl in itertools.product([_dtype_name(d) for d in DTYPES], IMPLS):
-            c = self.counts.get((dtype, impl))
-            if c is None:
-                continue
-            ran = c["passed"] + c["xfailed"] + c["failed"]
-            pct = 100.0 * c["passed"] / ran if ran else 0.0
-            terminalreporter.write_line(
-                f"  {dtype:<9} {impl:<18} {c['passed']}/{ran} (optimizer, config) pairs pass "
-                f"({pct:.1f}%), {c['xfailed']} xfail, {c['failed']} fail")
-
-
-_summary = _Summary()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _register_summary(request):
-    register_summary(request, _summary)
+SUMMARY = f"OptimizerInfo compare neuron vs cpu, (optimizer, config) pairs ({STEPS} steps):"
 
 
 def _make_params(info, dtype):
@@ -221,7 +183,8 @@ class _Run:
 
 
 @pytest.mark.parametrize("info,desc,kwargs,impl,dtype", list(_params()))
-def test_optimizer_cpu_parity(info, desc, kwargs, impl, dtype):
+def test_optimizer_cpu_parity(info, desc, kwargs, impl, dtype, request):
+    summarize(request, SUMMARY, f"{_dtype_name(dtype)} {impl}")
     if impl.startswith("capturable"):
         tol = CAPTURABLE_DTYPE_TOLERANCES.get(dtype, {})
     else:
