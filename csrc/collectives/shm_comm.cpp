@@ -434,16 +434,23 @@ void ShmCommImpl::reduce_impl(const uint8_t* in, uint8_t* out, size_t count, DTy
     next_half();
     return;
   }
-  // Chunks: each rank reduces its 1/size portion of every slot into its own slot, then every
-  // rank (or the root) copies all portions out.
+  // Chunks: each rank stages the portions of the chunk the other ranks reduce; rank r reduces
+  // its 1/size portion (its own input read in place, the others' from their slots, in rank
+  // order) into its slot; then every rank (or the root) copies all portions out.
   const size_t chunk = step_bytes() / es;
   auto portion = [&](int p, size_t n) { return n * static_cast<size_t>(p) / size_; };
   for (size_t off = 0; off < count; off += chunk) {
     const size_t n = std::min(chunk, count - off);
-    std::memcpy(slot(rank_), in + off * es, n * es);
+    for (int q = 0; q < size_; ++q) {
+      const size_t qlo = portion(q, n), qhi = portion(q + 1, n);
+      if (q != rank_) std::memcpy(slot(rank_) + qlo * es, in + (off + qlo) * es, (qhi - qlo) * es);
+    }
     step();
     const size_t lo = portion(rank_, n), hi = portion(rank_ + 1, n);
-    reduce_slots(slot(rank_) + lo * es, lo, hi - lo, 0, dt, op);
+    for (int p = 0; p < size_; ++p) {
+      inputs_[p] = p == rank_ ? in + (off + lo) * es : slot(p) + lo * es;
+    }
+    reduce_many(slot(rank_) + lo * es, inputs_.data(), size_, hi - lo, dt, op);
     step();
     if (wants) {
       for (int p = 0; p < size_; ++p) {
