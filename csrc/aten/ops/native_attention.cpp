@@ -26,6 +26,12 @@ using SdpaResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c1
 
 bool float_kind(const at::Tensor& t) { return kernel_dtype(t.scalar_type()).has_value(); }
 
+// a == b, without a guard when the sizes are symbolic (torch.compile with dynamic shapes: a
+// guard here would specialize the sequence length); false when not known without one.
+bool same_size(const c10::SymInt& a, const c10::SymInt& b) {
+  return a.sym_eq(b).guard_or_false(__FILE__, __LINE__);
+}
+
 // Whether the native kernel covers this SDPA call (else the math path runs it).
 bool sdpa_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const std::optional<at::Tensor>& mask, double dropout_p) {
@@ -36,8 +42,9 @@ bool sdpa_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       return false;
     if (t->scalar_type() != q.scalar_type()) return false;
   }
-  if (k.size(0) != q.size(0) || v.size(0) != q.size(0) || k.size(1) != q.size(1) ||
-      v.size(1) != q.size(1) || k.size(2) != v.size(2) || k.size(3) != q.size(3))
+  if (!same_size(k.sym_size(0), q.sym_size(0)) || !same_size(v.sym_size(0), q.sym_size(0)) ||
+      !same_size(k.sym_size(1), q.sym_size(1)) || !same_size(v.sym_size(1), q.sym_size(1)) ||
+      !same_size(k.sym_size(2), v.sym_size(2)) || !same_size(k.sym_size(3), q.sym_size(3)))
     return false;
   if (mask && mask->defined()) {
     const at::Tensor& m = *mask;
@@ -45,10 +52,10 @@ bool sdpa_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     if (m.scalar_type() != c10::ScalarType::Bool && !float_kind(m)) return false;
     if (m.requires_grad() && at::GradMode::is_enabled()) return false;
     // Broadcastable to [B, H, L, S].
-    const int64_t target[4] = {q.size(0), q.size(1), q.size(2), k.size(2)};
+    const c10::SymInt target[4] = {q.sym_size(0), q.sym_size(1), q.sym_size(2), k.sym_size(2)};
     for (int64_t i = 0; i < m.dim(); ++i) {
-      const int64_t s = m.size(m.dim() - 1 - i);
-      if (s != 1 && s != target[3 - i]) return false;
+      const c10::SymInt s = m.sym_size(m.dim() - 1 - i);
+      if (!same_size(s, 1) && !same_size(s, target[3 - i])) return false;
     }
   }
   return true;
