@@ -71,6 +71,12 @@ def _register() -> None:
         distributed.register()
     except Exception as err:  # noqa: BLE001 - the device works without the process group
         _warn_once(f"openneuron: registering the 'neuron' distributed backend failed: {err}")
+    try:
+        from openneuron import _inductor
+
+        _inductor.install()  # registers with Dynamo/Inductor when torch._dynamo is imported
+    except Exception as err:  # noqa: BLE001 - the device works without torch.compile
+        _warn_once(f"openneuron: registering 'neuron' with torch.compile failed: {err}")
     config_error = _C._config_error()
     if config_error:
         _warn_once(

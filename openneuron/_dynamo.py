@@ -4,27 +4,61 @@
 # with a static (compileable) KV cache on a "neuron" model compiles the decoding step with
 # backend=model.device.type.
 #
-# For now the backend is AOTAutograd with graphs that run op by op: forward and backward FX
-# graphs (ATen ops) are executed as captured, each op dispatched to the device like eager mode
-# (same kernels, same results). The graph compiler of DESIGN §6 plugs in as fw/bw compilers here.
+# It is TorchInductor (the neuron device is registered with it: openneuron/_inductor/), as the
+# default backend is, with TorchNeuron's behaviour on failure: a graph Inductor cannot compile
+# runs eagerly (AOTAutograd's graphs op by op on the device), with a warning naming why, unless
+# TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1.
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any
+
+log = logging.getLogger("openneuron.compile")
+
+
+def _fallback_disabled() -> bool:
+    from openneuron import _C
+
+    return not _C._compile_settings()[0]  # TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION
 
 
 def _run_as_captured(gm, example_inputs):
-    """fw/bw compiler: the graph itself, boxed (AOTAutograd calls it with a list of args)."""
+    """fw/bw compiler of the eager fallback: the graph itself, boxed."""
     from functorch.compile import make_boxed_func
 
     return make_boxed_func(gm.forward)
 
 
-def neuron_backend(gm, example_inputs, **kwargs: Any):
-    """Dynamo backend "neuron": AOTAutograd (forward + backward graphs), graphs run on device."""
+def _eager(gm, example_inputs, **kwargs):
     from torch._dynamo.backends.common import aot_autograd
 
-    # torch.compile's mode/options tune Inductor; nothing here to tune yet.
-    kwargs.pop("mode", None)
-    kwargs.pop("options", None)
-    backend = aot_autograd(fw_compiler=_run_as_captured, bw_compiler=_run_as_captured)
-    return backend(gm, example_inputs, **kwargs)
+    return aot_autograd(fw_compiler=_run_as_captured, bw_compiler=_run_as_captured)(
+        gm, example_inputs, **kwargs)
+
+
+def neuron_backend(gm, example_inputs, **kwargs: Any):
+    """Dynamo backend "neuron": TorchInductor (forward + backward), eager on failure."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from openneuron import _inductor
+
+    _inductor.register()
+    mode = kwargs.pop("mode", None)
+    options = kwargs.pop("options", None) or {}
+    config_patches = dict(options)
+    if mode is not None:
+        from torch._inductor import list_mode_options
+
+        config_patches = {**list_mode_options(mode), **config_patches}
+    try:
+        return compile_fx(gm, example_inputs, config_patches=config_patches or None, **kwargs)
+    except Exception as err:
+        if _fallback_disabled():
+            raise
+        message = (f"openneuron: torch.compile(backend='neuron') could not compile a graph "
+                   f"({type(err).__name__}: {err}); it runs eagerly instead. Set "
+                   f"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1 to raise the error.")
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return _eager(gm, example_inputs)

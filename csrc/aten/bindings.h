@@ -13,5 +13,6 @@ void bind_random(pybind11::module_& m);       // generator.cpp: default generato
 void bind_ops(pybind11::module_& m);          // ops/: ops_report and fallback counters
 void bind_profiler(pybind11::module_& m);     // profiler.cpp: device trace state
 void bind_distributed(pybind11::module_& m);  // distributed/: the c10d backend factory
+void bind_inductor(pybind11::module_& m);     // inductor_launch.cpp: kernel launches
 
 }  // namespace openneuron::aten

@@ -108,6 +108,13 @@ void bind_device(py::module_& m) {
         return out;
       },
       "Every environment variable the backend reads: (name, value as read or None, meaning).");
+  m.def(
+      "_compile_settings",
+      [] {
+        const runtime::Config& c = runtime::config_or_defaults();
+        return std::make_tuple(c.compile_fallback, c.compile_cache_dir);
+      },
+      "torch.compile's settings: (fall back to eager on failure, cache folder or '').");
   // SIMD variant of the IR and native kernels (runtime/isa.h; OPENNEURON_ISA).
   m.def("_isa", [] { return std::string(runtime::isa_name(runtime::isa())); });
   m.def("_host_isas", [] {

@@ -25,4 +25,5 @@ PYBIND11_MODULE(_C, m) {
   aten::bind_ops(m);
   aten::bind_profiler(m);
   aten::bind_distributed(m);
+  aten::bind_inductor(m);
 }

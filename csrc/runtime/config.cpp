@@ -188,6 +188,10 @@ const std::vector<Setting>& settings() {
       {"OPENNEURON_OOM_SNAPSHOT", "path: write a memory snapshot on out-of-memory"},
       {"OPENNEURON_HOST_ID", "ranks with the same id share memory (default: hostname + boot id)"},
       {"LOCAL_RANK", "set by torchrun: the current device starts as neuron:LOCAL_RANK"},
+      {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION",
+       "1: torch.compile raises when a graph fails to compile (default: runs it eagerly)"},
+      {"TORCH_NEURONX_NEFF_CACHE_DIR",
+       "folder of torch.compile's caches (TORCHINDUCTOR_CACHE_DIR)"},
   };
   return kSettings;
 }
@@ -305,6 +309,8 @@ Config make_config(const EnvLookup& env, uint64_t host_ram) {
         static_cast<size_t>(parse_count("OPENNEURON_PROFILER_MAX_EVENTS", *v, int64_t{1} << 32));
   if (const auto v = env("OPENNEURON_OOM_SNAPSHOT")) c.oom_snapshot = trim(*v);
   if (const auto v = env("OPENNEURON_HOST_ID")) c.host_id = trim(*v);
+  c.compile_fallback = !flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", false);
+  if (const auto v = env("TORCH_NEURONX_NEFF_CACHE_DIR")) c.compile_cache_dir = trim(*v);
   if (const auto v = env("LOCAL_RANK")) {
     const std::string r = trim(*v);
     if (r.empty() || r.size() > 6 ||

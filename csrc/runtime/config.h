@@ -32,6 +32,10 @@ struct Config {
   std::string oom_snapshot;        // OPENNEURON_OOM_SNAPSHOT: path written on out-of-memory
   std::string host_id;  // OPENNEURON_HOST_ID: ranks with equal ids share memory (default: host)
   int local_rank = -1;  // LOCAL_RANK (torchrun): the process's initial current device; -1 unset
+  // torch.compile: TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1 raises a compile failure instead of
+  // running the graph eagerly; TORCH_NEURONX_NEFF_CACHE_DIR is the compile cache's folder.
+  bool compile_fallback = true;
+  std::string compile_cache_dir;
 };
 
 // One environment variable: its name and what it does (README lists the same).

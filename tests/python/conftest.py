@@ -14,6 +14,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
+# One warm torch.compile cache for the whole run (xdist workers and fresh interpreters too);
+# kept in the build folder, so a second `make test` starts warm.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / "build" / "torchinductor-tests"))
+
 # Variables a test subprocess must not inherit from the developer's shell.
 _CONFIG_VARS = (
     "NEURON_RT_VISIBLE_CORES",

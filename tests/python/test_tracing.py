@@ -1,5 +1,6 @@
-"""Native kernels under tracing: torch.compile (backend "aot_eager" and "neuron"), torch.export,
-FakeTensorMode and meta tensors, forward and backward, against eager on neuron and on CPU.
+"""Native kernels under tracing: torch.compile (backend "aot_eager", and "neuron": Inductor),
+torch.export, FakeTensorMode and meta tensors, forward and backward, against eager on neuron and
+on CPU.
 Shapes are tiny but cross the kernels' thresholds (cross-entropy >= 512 classes), and the
 native-call counters show the native kernel ran inside the compiled graph."""
 import pytest
@@ -59,6 +60,11 @@ def _run(fn, inputs, dev):
     return out.detach().cpu(), [a.grad.cpu() for a in args if a.is_floating_point()]
 
 
+# Under Inductor (backend "neuron") these stay native kernels (ops Inductor does not lower);
+# layer norm and embedding backward become Inductor's own fused C++ kernels.
+INDUCTOR_KEEPS_NATIVE = {"cross_entropy", "rms_norm", "sdpa"}
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "neuron"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_compile_matches_eager(name, backend):
@@ -70,7 +76,8 @@ def test_compile_matches_eager(name, backend):
     torch._dynamo.reset()
     n0 = native_calls(op)
     got = _run(torch.compile(fn, backend=backend), inputs, DEV)
-    assert native_calls(op) > n0, f"{op} did not run its native kernel in the compiled graph"
+    if backend == "aot_eager" or name in INDUCTOR_KEEPS_NATIVE:
+        assert native_calls(op) > n0, f"{op} did not run its native kernel in the compiled graph"
     for a, b, c in zip([got[0], *got[1]], [ref[0], *ref[1]], [ref_cpu[0], *ref_cpu[1]]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-5)
