@@ -54,7 +54,6 @@ def rank_main(args) -> None:
     from gpt import GPT, GPTConfig
 
     case = args.rank_main
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     device = torch.device("neuron", int(os.environ.get("LOCAL_RANK", "0")))
     if case != "single":

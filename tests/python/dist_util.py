@@ -39,9 +39,9 @@ def shm_segments() -> set[str]:
     leaked = set()
     for name in os.listdir("/dev/shm"):
         parts = name.split("-")  # openneuron-<pid>-<token>
-        if len(parts) == 3 and parts[0] == "openneuron" and parts[1].isdigit():
-            if not os.path.exists(f"/proc/{parts[1]}"):
-                leaked.add(name)
+        if (len(parts) == 3 and parts[0] == "openneuron" and parts[1].isdigit()
+                and not os.path.exists(f"/proc/{parts[1]}")):
+            leaked.add(name)
     return leaked
 
 
