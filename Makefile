@@ -1,13 +1,12 @@
 # The project's vocabulary (README.md lists these): make, make test, make demo, make finetune,
-# make bench[-training|-kernels|-fusion|-decode|-ir|-shm|-collectives|-distributed], make lint,
-# make asan, make tsan. Every target sets
-# itself up first (scripts/setup.sh).
+# make bench[-training|-kernels|-fusion|-decode|-ir|-shm|-collectives|-distributed|-compile],
+# make lint, make asan, make tsan. Every target sets itself up first (scripts/setup.sh).
 PY := .venv/bin/python
 BUILD := build
 # NOTE: one build at a time in a build folder (several shells may run make at once).
 LOCKED := flock $(BUILD)/.lock
 
-.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir bench-shm bench-collectives bench-distributed lint asan tsan clean
+.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir bench-shm bench-collectives bench-distributed bench-compile lint asan tsan clean
 
 all: build
 
@@ -85,6 +84,9 @@ bench-shm: build
 
 bench-distributed: build
 	$(PY) benchmarks/distributed_training.py
+
+bench-compile: build
+	$(PY) benchmarks/compile.py --mfu
 
 lint: setup
 	@command -v clang-format >/dev/null || (echo "lint: apt-get install clang-format" && exit 1)

@@ -272,3 +272,31 @@ def test_compile_failure_raises_when_fallback_is_disabled(run_py):
             print("raised:", e)
     """, env={"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1"})
     assert "raised:" in r.stdout and "injected compile failure" in r.stdout, r.stdout + r.stderr
+
+
+def test_save_and_load_cache_artifacts(run_py, tmp_path):
+    # torch.compiler's portable cache: saved in one process, loaded into another's empty cache.
+    art = tmp_path / "artifacts.bin"
+    save = f"""
+        import torch
+        import openneuron
+        torch.compile(lambda x: (x.sin() * 3).cumsum(0))(torch.randn(64, device="neuron"))
+        blob, info = torch.compiler.save_cache_artifacts()
+        open({str(art)!r}, "wb").write(blob)
+        print("saved", sorted(info.artifacts))
+    """
+    r = run_py(save, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "a")})
+    assert r.returncode == 0 and "inductor" in r.stdout, r.stdout + r.stderr[-3000:]
+    load = f"""
+        import json, torch
+        from torch._dynamo.utils import counters
+        import openneuron
+        torch.compiler.load_cache_artifacts(open({str(art)!r}, "rb").read())
+        x = torch.randn(64)
+        out = torch.compile(lambda x: (x.sin() * 3).cumsum(0))(x.to("neuron"))
+        torch.testing.assert_close(out.cpu(), (x.sin() * 3).cumsum(0), rtol=1e-5, atol=1e-4)
+        print(json.dumps(dict(counters["inductor"])))
+    """
+    r = run_py(load, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "b")})
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert '"fxgraph_cache_hit": 1' in r.stdout, r.stdout

@@ -3,10 +3,9 @@
 // (`model._get_ddp_logging_data()`), and without a timer for the device warns on every run
 // ("Time stats are currently only collected for CPU and CUDA devices"). As CUDA's, it records
 // timing events on the current stream and measures between them once both have been reached.
-#include <torch/csrc/distributed/c10d/reducer_timer.hpp>
-
 #include <array>
 #include <optional>
+#include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 
 #include "runtime/event.h"
 #include "runtime/stream.h"
@@ -39,11 +38,10 @@ class NeuronTimer : public c10d::Timer {
   runtime::Event& event_of(Event event) { return events_[static_cast<size_t>(event)]; }
 
   c10::DeviceIndex device_;
-  std::array<runtime::Event, 5> events_{runtime::Event(runtime::kEventTiming),
-                                        runtime::Event(runtime::kEventTiming),
-                                        runtime::Event(runtime::kEventTiming),
-                                        runtime::Event(runtime::kEventTiming),
-                                        runtime::Event(runtime::kEventTiming)};
+  std::array<runtime::Event, 5> events_{
+      runtime::Event(runtime::kEventTiming), runtime::Event(runtime::kEventTiming),
+      runtime::Event(runtime::kEventTiming), runtime::Event(runtime::kEventTiming),
+      runtime::Event(runtime::kEventTiming)};
 };
 
 }  // namespace
