@@ -10,7 +10,6 @@ import functools
 import hashlib
 
 import torch
-from torch._dynamo.device_interface import CpuInterface, DeviceInterface
 from torch._inductor.codegen.common import DeviceOpOverrides
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen
@@ -80,65 +79,6 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
         return "void*"
 
 
-class NeuronInterface(DeviceInterface):
-    """Dynamo's view of the neuron device (streams, events, properties)."""
-
-    device = torch.neuron.device
-    Event = torch.neuron.Event
-    Stream = torch.neuron.Stream
-
-    class Worker(CpuInterface.Worker):
-        @staticmethod
-        def set_device(device: int) -> None:
-            pass
-
-        @staticmethod
-        def current_device() -> int:
-            return 0
-
-    current_device = staticmethod(torch.neuron.current_device)
-    set_device = staticmethod(torch.neuron.set_device)
-    device_count = staticmethod(torch.neuron.device_count)
-    is_available = staticmethod(torch.neuron.is_available)
-    stream = staticmethod(torch.neuron.stream)
-    current_stream = staticmethod(torch.neuron.current_stream)
-    set_stream = staticmethod(torch.neuron.set_stream)
-    synchronize = staticmethod(torch.neuron.synchronize)
-
-    @staticmethod
-    def maybe_exchange_device(device: int) -> int:
-        prev = torch.neuron.current_device()
-        if device != prev:
-            torch.neuron.set_device(device)
-        return prev
-
-    exchange_device = maybe_exchange_device
-
-    @staticmethod
-    def get_raw_stream(device_idx: int) -> int:
-        return 0
-
-    @staticmethod
-    def get_device_properties(device=None):
-        return CpuInterface.Worker.get_device_properties(device)
-
-    @staticmethod
-    def get_compute_capability(device=None) -> str:
-        return ""
-
-    @staticmethod
-    def is_bf16_supported(including_emulation: bool = False) -> bool:
-        return True
-
-    @staticmethod
-    def memory_allocated(device=None) -> int:
-        return torch.neuron.memory_allocated(device)
-
-    @staticmethod
-    def is_triton_capable(device=None) -> bool:
-        return False
-
-
 class NeuronScheduling(CppScheduling):
     """Inductor's C++ scheduling; the kernels it defines are launched by the neuron wrapper."""
 
@@ -186,8 +126,8 @@ def _patch_current_backend() -> None:
 class NeuronPostGradPass(CustomGraphModulePass):
     """Runs on graphs with neuron tensors after AOTAutograd; changes nothing yet. Its uuid keys
     Inductor's FX-graph and AOTAutograd caches with this package's code generation (the source
-    of codegen.py and codecache.py and CODEGEN_VERSION), so an artifact built by another
-    version never loads."""
+    of codegen.py, codecache.py, flex_attention.py and CODEGEN_VERSION), so an artifact built
+    by another version never loads."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         return None
@@ -202,6 +142,6 @@ def _codegen_hash() -> str:
 
     here = Path(__file__).resolve().parent
     h = hashlib.sha256(CODEGEN_VERSION.encode())
-    for name in ("codegen.py", "codecache.py"):
+    for name in ("codegen.py", "codecache.py", "flex_attention.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()
