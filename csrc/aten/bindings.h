@@ -14,5 +14,6 @@ void bind_ops(pybind11::module_& m);          // ops/: ops_report and fallback c
 void bind_profiler(pybind11::module_& m);     // profiler.cpp: device trace state
 void bind_distributed(pybind11::module_& m);  // distributed/: the c10d backend factory
 void bind_inductor(pybind11::module_& m);     // inductor_launch.cpp: kernel launches
+void bind_nki(pybind11::module_& m);          // nki_launch.cpp: NKI kernel programs, launches
 
 }  // namespace openneuron::aten

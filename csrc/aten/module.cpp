@@ -26,4 +26,5 @@ PYBIND11_MODULE(_C, m) {
   aten::bind_profiler(m);
   aten::bind_distributed(m);
   aten::bind_inductor(m);
+  aten::bind_nki(m);
 }

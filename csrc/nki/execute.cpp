@@ -1,0 +1,457 @@
+// The elementwise instructions of a traced NKI program (loads, stores, copies, casts, fills,
+// iota, activations, tensor-tensor/scalar ops, selects, reductions over free axes): rows of the
+// iteration space in chunks of float32 lanes, each operand converted in, the steps applied as
+// vectorizable loops, the result converted out. Matmul is in matmul.cpp.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/kernel_util.h"
+#include "nki/program.h"
+#include "runtime/parallel.h"
+
+namespace openneuron::nki {
+namespace {
+
+using ir::numeric::bf16_from_f32;
+using ir::numeric::f16_from_f32;
+using ir::numeric::f32_from_bf16;
+using ir::numeric::f32_from_f16;
+using kernels::exp_f32;
+
+constexpr int kChunk = 256;
+
+template <class T, class F>
+OPENNEURON_INLINE void gather(const char* base, int64_t off, int64_t stride, int n, float* dst,
+                              F cvt) {
+  const T* p = reinterpret_cast<const T*>(base) + off;
+  if (stride == 1) {
+    for (int j = 0; j < n; ++j) dst[j] = cvt(p[j]);
+  } else if (stride == 0) {
+    const float v = cvt(p[0]);
+    for (int j = 0; j < n; ++j) dst[j] = v;
+  } else {
+    for (int j = 0; j < n; ++j) dst[j] = cvt(p[j * stride]);
+  }
+}
+
+template <class T, class F>
+OPENNEURON_INLINE void scatter(char* base, int64_t off, int64_t stride, int n, const float* src,
+                               F cvt) {
+  T* p = reinterpret_cast<T*>(base) + off;
+  if (stride == 1) {
+    for (int j = 0; j < n; ++j) p[j] = cvt(src[j]);
+  } else {
+    for (int j = 0; j < n; ++j) p[j * stride] = cvt(src[j]);
+  }
+}
+
+// Float to integer without UB: NaN -> 0, saturated, truncated toward zero (numpy's astype).
+template <class T>
+OPENNEURON_INLINE T to_int(float x, float lo, float hi) {
+  float c = x > hi ? hi : x;
+  c = c < lo ? lo : c;
+  c = c != c ? 0.0f : c;
+  return static_cast<T>(c);
+}
+
+OPENNEURON_INLINE void load_lanes(DType dt, const char* base, int64_t off, int64_t stride, int n,
+                                  float* dst) {
+  switch (dt) {
+    case DType::k_float32:
+      gather<float>(base, off, stride, n, dst, [](float v) { return v; });
+      break;
+    case DType::k_bfloat16:
+      gather<uint16_t>(base, off, stride, n, dst, [](uint16_t v) { return f32_from_bf16(v); });
+      break;
+    case DType::k_float16:
+      gather<uint16_t>(base, off, stride, n, dst, [](uint16_t v) { return f32_from_f16(v); });
+      break;
+    case DType::k_int32:
+      gather<int32_t>(base, off, stride, n, dst, [](int32_t v) { return static_cast<float>(v); });
+      break;
+    case DType::k_uint8:
+      gather<uint8_t>(base, off, stride, n, dst, [](uint8_t v) { return static_cast<float>(v); });
+      break;
+    case DType::k_int8:
+      gather<int8_t>(base, off, stride, n, dst, [](int8_t v) { return static_cast<float>(v); });
+      break;
+    default:
+      break;
+  }
+}
+
+OPENNEURON_INLINE void store_lanes(DType dt, char* base, int64_t off, int64_t stride, int n,
+                                   const float* src) {
+  switch (dt) {
+    case DType::k_float32:
+      scatter<float>(base, off, stride, n, src, [](float v) { return v; });
+      break;
+    case DType::k_bfloat16:
+      scatter<uint16_t>(base, off, stride, n, src, [](float v) { return bf16_from_f32(v); });
+      break;
+    case DType::k_float16:
+      scatter<uint16_t>(base, off, stride, n, src, [](float v) { return f16_from_f32(v); });
+      break;
+    case DType::k_int32:
+      scatter<int32_t>(base, off, stride, n, src,
+                       [](float v) { return to_int<int32_t>(v, -2147483648.0f, 2147483520.0f); });
+      break;
+    case DType::k_uint8:
+      scatter<uint8_t>(base, off, stride, n, src,
+                       [](float v) { return to_int<uint8_t>(v, 0.0f, 255.0f); });
+      break;
+    case DType::k_int8:
+      scatter<int8_t>(base, off, stride, n, src,
+                      [](float v) { return to_int<int8_t>(v, -128.0f, 127.0f); });
+      break;
+    default:
+      break;
+  }
+}
+
+OPENNEURON_INLINE float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
+
+OPENNEURON_INLINE float bits_op(Op op, float a, float b) {
+  const int32_t x = to_int<int32_t>(a, -2147483648.0f, 2147483520.0f);
+  const int32_t y = to_int<int32_t>(b, -2147483648.0f, 2147483520.0f);
+  const int32_t r = op == Op::k_bitwise_and ? (x & y) : op == Op::k_bitwise_or ? (x | y) : (x ^ y);
+  return static_cast<float>(r);
+}
+
+// A uniform float in [0, 1) from (seed, lane index): splitmix64, counter-based like Philox.
+OPENNEURON_INLINE float uniform(uint64_t seed, float index) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(static_cast<int64_t>(index));
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+
+#define NKI_LOOP(expr)          \
+  for (int j = 0; j < n; ++j) { \
+    const float x = a[j];       \
+    const float y = b[j];       \
+    (void)x;                    \
+    (void)y;                    \
+    o[j] = (expr);              \
+  }                             \
+  break
+
+OPENNEURON_INLINE void apply(Op op, int n, float* o, const float* a, const float* b, const float* c,
+                             uint64_t seed) {
+  switch (op) {
+    case Op::k_copy:
+      NKI_LOOP(x);
+    case Op::k_neg:
+      NKI_LOOP(-x);
+    case Op::k_abs:
+      NKI_LOOP(std::fabs(x));
+    case Op::k_exp:
+      NKI_LOOP(exp_f32(x));
+    case Op::k_log:
+      NKI_LOOP(std::log(x));
+    case Op::k_sqrt:
+      NKI_LOOP(std::sqrt(x));
+    case Op::k_rsqrt:
+      NKI_LOOP(1.0f / std::sqrt(x));
+    case Op::k_reciprocal:
+      NKI_LOOP(1.0f / x);
+    case Op::k_tanh:
+      NKI_LOOP(std::tanh(x));
+    case Op::k_sigmoid:
+      NKI_LOOP(sigmoid_f(x));
+    case Op::k_relu:
+      NKI_LOOP(x > 0.0f ? x : 0.0f);
+    case Op::k_gelu:
+      NKI_LOOP(0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)));
+    case Op::k_gelu_apprx_tanh:
+      NKI_LOOP(0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x))));
+    case Op::k_silu:
+      NKI_LOOP(x * sigmoid_f(x));
+    case Op::k_softplus:
+      NKI_LOOP(x > 20.0f ? x : std::log1p(exp_f32(x)));
+    case Op::k_mish:
+      NKI_LOOP(x * std::tanh(x > 20.0f ? x : std::log1p(exp_f32(x))));
+    case Op::k_sin:
+      NKI_LOOP(std::sin(x));
+    case Op::k_cos:
+      NKI_LOOP(std::cos(x));
+    case Op::k_square:
+      NKI_LOOP(x * x);
+    case Op::k_sign:
+      NKI_LOOP(x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x));
+    case Op::k_erf:
+      NKI_LOOP(std::erf(x));
+    case Op::k_floor:
+      NKI_LOOP(std::floor(x));
+    case Op::k_ceil:
+      NKI_LOOP(std::ceil(x));
+    case Op::k_trunc:
+      NKI_LOOP(std::trunc(x));
+    case Op::k_logical_not:
+      NKI_LOOP(x == 0.0f ? 1.0f : 0.0f);
+    case Op::k_add:
+      NKI_LOOP(x + y);
+    case Op::k_subtract:
+      NKI_LOOP(x - y);
+    case Op::k_multiply:
+      NKI_LOOP(x * y);
+    case Op::k_divide:
+      NKI_LOOP(x / y);
+    case Op::k_maximum:
+      NKI_LOOP(x > y ? x : y);
+    case Op::k_minimum:
+      NKI_LOOP(x < y ? x : y);
+    case Op::k_power:
+      NKI_LOOP(std::pow(x, y));
+    case Op::k_mod:
+      NKI_LOOP(x - std::floor(x / y) * y);
+    case Op::k_equal:
+      NKI_LOOP(x == y ? 1.0f : 0.0f);
+    case Op::k_not_equal:
+      NKI_LOOP(x != y ? 1.0f : 0.0f);
+    case Op::k_less:
+      NKI_LOOP(x < y ? 1.0f : 0.0f);
+    case Op::k_less_equal:
+      NKI_LOOP(x <= y ? 1.0f : 0.0f);
+    case Op::k_greater:
+      NKI_LOOP(x > y ? 1.0f : 0.0f);
+    case Op::k_greater_equal:
+      NKI_LOOP(x >= y ? 1.0f : 0.0f);
+    case Op::k_logical_and:
+      NKI_LOOP((x != 0.0f && y != 0.0f) ? 1.0f : 0.0f);
+    case Op::k_logical_or:
+      NKI_LOOP((x != 0.0f || y != 0.0f) ? 1.0f : 0.0f);
+    case Op::k_logical_xor:
+      NKI_LOOP(((x != 0.0f) != (y != 0.0f)) ? 1.0f : 0.0f);
+    case Op::k_bitwise_and:
+    case Op::k_bitwise_or:
+    case Op::k_bitwise_xor:
+      for (int j = 0; j < n; ++j) o[j] = bits_op(op, a[j], b[j]);
+      break;
+    case Op::k_select:
+      for (int j = 0; j < n; ++j) o[j] = a[j] != 0.0f ? b[j] : c[j];
+      break;
+    case Op::k_dropout:  // a = data, b = lane index, c = drop probability
+      for (int j = 0; j < n; ++j) o[j] = uniform(seed, b[j]) < c[j] ? 0.0f : a[j];
+      break;
+    default:
+      break;
+  }
+}
+#undef NKI_LOOP
+
+OPENNEURON_INLINE float reduce_identity(Op op) {
+  switch (op) {
+    case Op::k_maximum:
+      return -INFINITY;
+    case Op::k_minimum:
+      return INFINITY;
+    case Op::k_multiply:
+      return 1.0f;
+    default:
+      return 0.0f;
+  }
+}
+
+OPENNEURON_INLINE float combine(Op op, float acc, float v) {
+  switch (op) {
+    case Op::k_maximum:
+      return v > acc ? v : acc;
+    case Op::k_minimum:
+      return v < acc ? v : acc;
+    case Op::k_multiply:
+      return acc * v;
+    default:
+      return acc + v;
+  }
+}
+
+OPENNEURON_INLINE float reduce_lanes(Op op, const float* v, int n) {
+  if (op == Op::k_add) return kernels::sum_f32(v, n);
+  if (op == Op::k_maximum) return kernels::max_f32(v, n);
+  float acc = reduce_identity(op);
+  for (int j = 0; j < n; ++j) acc = combine(op, acc, v[j]);
+  return acc;
+}
+
+OPENNEURON_INLINE int64_t floor_div(int64_t a, int64_t b) {  // b > 0
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// [lo, hi) of the innermost axis where every predicate holds, at outer index idx.
+void lane_range(const Instr& in, const int64_t* idx, int64_t* lo, int64_t* hi) {
+  const int last = in.ndim - 1;
+  *lo = 0;
+  *hi = in.extent[last];
+  for (const Pred& p : in.preds) {
+    int64_t v = p.c;
+    for (int d = 0; d < last; ++d) v += p.coef[d] * idx[d];
+    const int64_t k = p.coef[last];
+    if (k == 0) {
+      if (v < 0) *hi = 0;
+    } else if (k > 0) {  // v + k*j >= 0  <=>  j >= ceil(-v / k)
+      *lo = std::max(*lo, -floor_div(v, k));
+    } else {  // j <= floor(v / -k)
+      *hi = std::min(*hi, floor_div(v, -k) + 1);
+    }
+  }
+  if (*hi < *lo) *hi = *lo;
+}
+
+OPENNEURON_INLINE int64_t outer_offset(const Operand& o, const int64_t* idx, int last) {
+  int64_t off = o.offset;
+  for (int d = 0; d < last; ++d) off += o.stride[d] * idx[d];
+  return off;
+}
+
+struct Regs {
+  float r[kMaxRegisters][kChunk];
+};
+
+// Lanes [j0, j0 + n) of the row at outer index idx: operands in, steps applied. Returns the
+// result register.
+OPENNEURON_ISA_BODY const float* eval_chunk_body(const Instr& in, char* const* slots,
+                                                 const int64_t* idx, int64_t j0, int n,
+                                                 uint64_t seed, Regs* regs) {
+  const int last = in.ndim - 1;
+  const int n_src = static_cast<int>(in.src.size());
+  for (int i = 0; i < n_src; ++i) {
+    const Operand& o = in.src[static_cast<size_t>(i)];
+    float* dst = regs->r[i];
+    if (o.type == Operand::kView) {
+      const int64_t off = outer_offset(o, idx, last) + o.stride[last] * j0;
+      load_lanes(o.dtype, slots[o.slot], off, o.stride[last], n, dst);
+    } else if (o.type == Operand::kConst) {
+      for (int j = 0; j < n; ++j) dst[j] = o.value;
+    } else {
+      const int64_t base = outer_offset(o, idx, last) + o.stride[last] * j0;
+      for (int j = 0; j < n; ++j) dst[j] = static_cast<float>(base + o.stride[last] * j);
+    }
+  }
+  for (size_t s = 0; s < in.steps.size(); ++s) {
+    const Step& st = in.steps[s];
+    apply(st.op, n, regs->r[n_src + static_cast<int>(s)], regs->r[st.a], regs->r[st.b],
+          regs->r[st.c], seed);
+  }
+  return regs->r[in.steps.empty() ? 0 : n_src + static_cast<int>(in.steps.size()) - 1];
+}
+OPENNEURON_ISA_DISPATCH(const float*, eval_chunk,
+                        (const Instr& in, char* const* slots, const int64_t* idx, int64_t j0, int n,
+                         uint64_t seed, Regs* regs),
+                        (in, slots, idx, j0, n, seed, regs))
+
+OPENNEURON_ISA_BODY void store_chunk_body(const Instr& in, char* const* slots, int64_t off,
+                                          int64_t stride, int n, const float* v, float* old) {
+  const Operand& d = in.dst;
+  if (in.accumulate) {
+    load_lanes(d.dtype, slots[d.slot], off, stride, n, old);
+    apply(in.acc_op, n, old, old, v, v, 0);
+    v = old;
+  }
+  store_lanes(d.dtype, slots[d.slot], off, stride, n, v);
+}
+OPENNEURON_ISA_DISPATCH(void, store_chunk,
+                        (const Instr& in, char* const* slots, int64_t off, int64_t stride, int n,
+                         const float* v, float* old),
+                        (in, slots, off, stride, n, v, old))
+
+// idx[0..count) += 1 in mixed radix over extent[0..count).
+OPENNEURON_INLINE void advance(const Instr& in, int64_t* idx, int count) {
+  for (int d = count - 1; d >= 0; --d) {
+    if (++idx[d] < in.extent[d]) return;
+    idx[d] = 0;
+  }
+}
+
+OPENNEURON_INLINE void unflatten(const Instr& in, int64_t flat, int64_t* idx, int count) {
+  for (int d = count - 1; d >= 0; --d) {
+    idx[d] = flat % in.extent[d];
+    flat /= in.extent[d];
+  }
+}
+
+void run_rows(const Instr& in, char* const* slots, uint64_t seed, int64_t r0, int64_t r1) {
+  const int last = in.ndim - 1;
+  int64_t idx[kMaxDims] = {};
+  unflatten(in, r0, idx, last);
+  Regs regs;
+  float old[kChunk];
+  for (int64_t r = r0; r < r1; ++r, advance(in, idx, last)) {
+    int64_t lo, hi;
+    lane_range(in, idx, &lo, &hi);
+    const int64_t dst_off = outer_offset(in.dst, idx, last);
+    for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+      const int n = static_cast<int>(std::min<int64_t>(kChunk, hi - j0));
+      const float* v = eval_chunk(in, slots, idx, j0, n, seed, &regs);
+      store_chunk(in, slots, dst_off + in.dst.stride[last] * j0, in.dst.stride[last], n, v, old);
+    }
+  }
+}
+
+// Outputs [e0, e1) of a reduction: each is the reduce_op of its rows' active lanes.
+void run_reduce(const Instr& in, char* const* slots, uint64_t seed, int64_t e0, int64_t e1) {
+  const int last = in.ndim - 1;
+  const int n_out = in.ndim - in.nreduce;
+  int64_t rows = 1;
+  for (int d = n_out; d < last; ++d) rows *= in.extent[d];
+  int64_t idx[kMaxDims] = {};
+  Regs regs;
+  float old[kChunk];
+  for (int64_t e = e0; e < e1; ++e) {
+    unflatten(in, e, idx, n_out);
+    float acc = reduce_identity(in.reduce_op);
+    int64_t lanes = 0;
+    for (int64_t rr = 0; rr < rows; ++rr) {
+      int64_t rest = rr;
+      for (int d = last - 1; d >= n_out; --d) {
+        idx[d] = rest % in.extent[d];
+        rest /= in.extent[d];
+      }
+      int64_t lo, hi;
+      lane_range(in, idx, &lo, &hi);
+      for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+        const int n = static_cast<int>(std::min<int64_t>(kChunk, hi - j0));
+        const float* v = eval_chunk(in, slots, idx, j0, n, seed, &regs);
+        acc = combine(in.reduce_op, acc, reduce_lanes(in.reduce_op, v, n));
+        lanes += n;
+      }
+    }
+    if (lanes == 0) continue;  // every lane masked: the output is not written
+    const float result = acc * in.post_scale;
+    store_chunk(in, slots, outer_offset(in.dst, idx, n_out), 0, 1, &result, old);
+  }
+}
+
+}  // namespace
+
+void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_t seed) {
+  const int last = in.ndim - 1;
+  for (int d = 0; d < in.ndim; ++d)
+    if (in.extent[d] == 0) return;
+  const bool reduce = in.nreduce > 0;
+  const int n_outer = reduce ? in.ndim - in.nreduce : last;
+  int64_t outer = 1;
+  for (int d = 0; d < n_outer; ++d) outer *= in.extent[d];
+  int64_t per_outer = 1;  // lanes behind each outer index
+  for (int d = n_outer; d < in.ndim; ++d) per_outer *= in.extent[d];
+  auto body = [&](int64_t b, int64_t e) {
+    if (reduce)
+      run_reduce(in, slots, seed, b, e);
+    else
+      run_rows(in, slots, seed, b, e);
+  };
+  // NOTE: a parallel region costs a few microseconds; most tile instructions are smaller than
+  // that is worth (128 x 512 lanes), so only large ones split.
+  constexpr int64_t kParallelLanes = 1 << 17;
+  if (parallel && outer > 1 && outer * per_outer >= kParallelLanes) {
+    const int64_t grain =
+        std::max<int64_t>(1, (kParallelLanes / 4) / std::max<int64_t>(1, per_outer));
+    runtime::parallel_for(0, outer, grain, body);
+  } else {
+    body(0, outer);
+  }
+}
+
+}  // namespace openneuron::nki

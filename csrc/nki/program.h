@@ -1,0 +1,134 @@
+// A traced NKI kernel in executable form (DESIGN §8): the flat instruction program that
+// openneuron/nki/_trace.py records by running a kernel body once per (shapes, dtypes, constants,
+// grid), and the executor that runs it over raw buffers. Not a tracer and not torch glue
+// (csrc/aten/nki_launch.cpp queues a run on a neuron stream); no torch includes.
+//
+// A program has slots (kernel inputs and outputs in HBM, then one arena holding every SBUF/PSUM
+// tile and HBM scratch buffer at offsets the tracer assigned) and one instruction list per SPMD
+// grid instance. Every operand is an affine access pattern: offset + one stride per iteration
+// axis. Masks are affine predicates, so each row's active lanes are one interval.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace openneuron::nki {
+
+constexpr int kMaxDims = 6;        // iteration axes of one instruction
+constexpr int kMaxRegisters = 24;  // operands + steps of one elementwise instruction
+
+// Storage types of tiles and HBM tensors. Compute is always float32 (PSUM is float32).
+#define OPENNEURON_NKI_DTYPES(X) \
+  X(float32, 4)                  \
+  X(bfloat16, 2)                 \
+  X(float16, 2)                  \
+  X(int32, 4)                    \
+  X(uint8, 1)                    \
+  X(int8, 1)
+
+enum class DType : uint8_t {
+#define OPENNEURON_NKI_DTYPE_ENUM(name, size) k_##name,
+  OPENNEURON_NKI_DTYPES(OPENNEURON_NKI_DTYPE_ENUM)
+#undef OPENNEURON_NKI_DTYPE_ENUM
+      kCount
+};
+size_t dtype_size(DType dt);
+const char* dtype_name(DType dt);
+
+// The scalar operations of elementwise instructions, with their arity: the one table the
+// executor, the parser's checks and the Python tracer (through _C._nki_tables()) read.
+#define OPENNEURON_NKI_OPS(X)                                                                     \
+  X(copy, 1)                                                                                      \
+  X(neg, 1) X(abs, 1) X(exp, 1) X(log, 1) X(sqrt, 1) X(rsqrt, 1) X(reciprocal, 1) X(tanh, 1)      \
+      X(sigmoid, 1) X(relu, 1) X(gelu, 1) X(gelu_apprx_tanh, 1) X(silu, 1) X(softplus, 1)         \
+          X(mish, 1) X(sin, 1) X(cos, 1) X(square, 1) X(sign, 1) X(erf, 1) X(floor, 1) X(ceil, 1) \
+              X(trunc, 1) X(logical_not, 1) X(add, 2) X(subtract, 2) X(multiply, 2) X(divide, 2)  \
+                  X(maximum, 2) X(minimum, 2) X(power, 2) X(mod, 2) X(equal, 2) X(not_equal, 2)   \
+                      X(less, 2) X(less_equal, 2) X(greater, 2) X(greater_equal, 2)               \
+                          X(logical_and, 2) X(logical_or, 2) X(logical_xor, 2) X(bitwise_and, 2)  \
+                              X(bitwise_or, 2) X(bitwise_xor, 2) X(select, 3) X(dropout, 3)
+
+enum class Op : uint8_t {
+#define OPENNEURON_NKI_OP_ENUM(name, arity) k_##name,
+  OPENNEURON_NKI_OPS(OPENNEURON_NKI_OP_ENUM)
+#undef OPENNEURON_NKI_OP_ENUM
+      kCount
+};
+int op_arity(Op op);
+const char* op_name(Op op);
+
+enum class Kind : uint8_t { kElementwise = 0, kMatmul = 1 };
+
+// An operand: a strided view of a slot, a constant, or an iota (offset + sum stride*index, as a
+// float). Strides are in elements, one per iteration axis (0 = broadcast).
+struct Operand {
+  enum Type : uint8_t { kView = 0, kConst = 1, kIota = 2 };
+  Type type = kConst;
+  DType dtype = DType::k_float32;
+  int32_t slot = 0;
+  int64_t offset = 0;
+  int64_t stride[kMaxDims] = {};
+  float value = 0;
+};
+
+// A lane runs iff c + sum(coef[d] * index[d]) >= 0 (every predicate of an instruction).
+struct Pred {
+  int64_t c = 0;
+  int64_t coef[kMaxDims] = {};
+};
+
+// Register r < n_src holds src[r]; step s writes register n_src + s.
+struct Step {
+  Op op;
+  uint8_t a, b, c;
+};
+
+// kElementwise: dst = result register over extent[0..ndim), the last `nreduce` axes reduced
+// with reduce_op (then times post_scale); acc_op (when set) combines the old dst value:
+// dst = acc_op(dst, value). Lanes failing a predicate are neither read nor written.
+// kMatmul: extent = {M, N, K}; dst[m, n] (+)= sum_k src[0][m, k] * src[1][n, k] (stationary,
+// moving) in float32; strides are per (m, n, k).
+struct Instr {
+  Kind kind = Kind::kElementwise;
+  int ndim = 0;
+  int64_t extent[kMaxDims] = {};
+  int nreduce = 0;
+  Op reduce_op = Op::k_add;
+  bool accumulate = false;
+  Op acc_op = Op::k_add;
+  float post_scale = 1.0f;
+  Operand dst;
+  std::vector<Operand> src;
+  std::vector<Step> steps;
+  std::vector<Pred> preds;
+  int32_t line = -1;  // index into Program::lines
+};
+
+struct Program {
+  std::string name;                           // the kernel's name, for errors
+  std::vector<std::string> lines;             // "file:line" of each recorded call, for errors
+  std::vector<int64_t> slot_bytes;            // size of every slot; the last one is the arena
+  std::vector<std::vector<Instr>> instances;  // one instruction list per grid instance
+  int64_t n_instrs = 0;
+  mutable std::atomic<uint64_t> launches{0};  // dropout's seed: a different mask per run
+};
+
+// Parses the tracer's encoding (int64 words; floats as their float64 bit patterns) and checks
+// every operand against its slot's size, so that no program can address memory outside its
+// buffers. Throws std::invalid_argument naming the kernel and line.
+Program* program_parse(const int64_t* code, size_t n_words, std::string name,
+                       std::vector<std::string> lines);
+
+// Runs every instance (in parallel when there are several) over slots[0..n_slots-1]; the arena
+// slot may be null: the executor then uses a per-thread arena. Thread-safe for concurrent runs
+// of the same program. Throws std::runtime_error naming the kernel line on failure.
+void program_run(const Program& p, void* const* slots);
+
+// Internals shared by execute.cpp and matmul.cpp.
+void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_t seed);
+void run_matmul(const Instr& in, char* const* slots);
+
+}  // namespace openneuron::nki

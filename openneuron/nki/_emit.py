@@ -1,0 +1,338 @@
+"""Recording one instruction: operands bound to the iteration axes (broadcasting as numpy),
+masks folded into the iteration box where they bound one axis (the rest stay per-lane
+predicates), index bounds checked against the masked box, lazy NaN fills for tiles read before
+they are written, and the matmul instruction's layout rules. Used by language.py and isa.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from openneuron.nki import _trace
+from openneuron.nki._tensor import IndexExpr, NkiTensor, Pred, _expand, view_span
+from openneuron.nki._trace import Buffer, Instr, Operand, fail
+
+
+class Expr:
+    """The scalar steps of one elementwise instruction over its operands."""
+
+    def __init__(self):
+        self.srcs = []
+        self.steps = []
+
+    def src(self, x):
+        self.srcs.append(x)
+        return ("s", len(self.srcs) - 1)
+
+    def op(self, name, *regs):
+        if name not in _trace.OPS:
+            fail(f"operation {name} is not supported")
+        self.steps.append((name, regs))
+        return ("t", len(self.steps) - 1)
+
+
+def _placeholder_fill(t, buf: Buffer):
+    """An instruction writing NaN over the whole buffer, enabled only if the buffer is read (or
+    partly written) before it is fully written: uninitialized memory reads as NaN. Tiles only:
+    an HBM output is written by many grid instances (a fill per instance would erase the others'
+    results) and, like torch.empty, holds whatever the allocator gave where nothing wrote."""
+    if buf.numel == 0 or buf.kind == "hbm":
+        return
+    p = buf.shape[0] if buf.shape else 1
+    f = buf.numel // p
+    dst = Operand(0, buf.dtype, buf.id, 0, (f, 1))
+    instr = Instr(0, [p, f], dst, [Operand(1, "float32", value=float("nan"))], line=-1)
+    instr.enabled = False
+    t.add(instr)
+    buf.state = "uninit"
+    buf.fill = instr
+
+
+def new_buffer(shape, dtype: str, kind: str, role: str = "tile") -> NkiTensor:
+    t = _trace.current()
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        fail(f"negative dimension in shape {list(shape)}")
+    buf = Buffer(t, kind, shape, dtype, role)
+    _placeholder_fill(t, buf)
+    return NkiTensor(buf)
+
+
+def _bind(view: NkiTensor, S, space_dims):
+    """Strides of view over the iteration axes. NOTE: tiles align on the partition axis (NKI's
+    rule): a [P] or [P, 1] tile broadcasts along the free axes of [P, F]."""
+    if view.ndim > len(S):
+        fail(f"operand of shape {list(view.shape)} does not broadcast to {list(S)}")
+    strides, live = [], []
+    for s in space_dims:
+        j = s
+        if j >= view.ndim:
+            strides.append(0)
+            live.append(False)
+        elif view.shape[j] == S[s]:
+            strides.append(view.strides[j])
+            live.append(True)
+        elif view.shape[j] == 1:
+            strides.append(0)
+            live.append(False)
+        else:
+            fail(f"operand of shape {list(view.shape)} does not broadcast to {list(S)}")
+    checks = []
+    for const, coefs, size, axis in view.checks:
+        k = [coefs[s] if ok else 0 for s, ok in zip(space_dims, live)]
+        checks.append([const, k, size, axis, view._buf.shape])
+    return Operand(0, view._buf.dtype, view._buf.id, view.offset, strides), checks
+
+
+def _fit_mask(mask: Pred, S):
+    """The mask over S's leading axes: unit grid axes no condition uses are dropped (an
+    nl.mgrid axis the indexing dropped too)."""
+    shape, ineqs = list(mask.shape), [(c, list(k)) for c, k in mask.ineqs]
+    j = 0
+    while len(shape) > len(S) and j < len(shape):
+        if shape[j] == 1 and not any(k[j] for _, k in ineqs):
+            del shape[j]
+            for _, k in ineqs:
+                del k[j]
+        else:
+            j += 1
+    if len(shape) > len(S) or any(m not in (1, s) for m, s in zip(shape, S)):
+        fail(f"mask of shape {list(mask.shape)} does not fit the instruction's shape {list(S)}")
+    return shape, ineqs
+
+
+def _covers(op: Operand, extent, numel) -> bool:
+    if op.offset != 0:
+        return False
+    pairs = sorted((st, n) for st, n in zip(op.strides, extent) if n > 1 and st != 0)
+    acc = 1
+    for st, n in pairs:
+        if st != acc:
+            return False
+        acc *= n
+    return acc == numel
+
+
+def _touch_read(buf: Buffer):
+    if buf.state == "uninit":
+        buf.fill.enabled = True
+        buf.state = "init"
+
+
+def _touch_write(buf: Buffer, full: bool):
+    if buf.state == "uninit":
+        if not full:
+            buf.fill.enabled = True
+        buf.state = "init"
+
+
+def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None, mask=None,
+         accumulate=None, nreduce=0, reduce_op="add", post_scale=1.0, allow_hbm=False):
+    """Records dst <- expr over the iteration axes `space_dims` of the broadcast shape S (default
+    all of S, in order), the last `nreduce` of them reduced. dst_map: the dst axis of each
+    iteration axis (None where dst does not move)."""
+    t = _trace.current()
+    S = tuple(int(s) for s in S)
+    space_dims = list(range(len(S))) if space_dims is None else list(space_dims)
+    dst_map = list(range(len(S))) if dst_map is None else list(dst_map)
+    if not space_dims:  # a 0-d value: one lane
+        S, space_dims, dst_map = (1,), [0], [None]
+    nd = len(space_dims)
+    if nd > _trace.MAX_DIMS:
+        fail(f"an instruction over {nd} axes; at most {_trace.MAX_DIMS}")
+    extent = [S[d] for d in space_dims]
+    # operands
+    views, checks, srcs = [], [], []
+    for x in expr.srcs:
+        if isinstance(x, NkiTensor):
+            if x._buf.kind == "hbm" and not allow_hbm:
+                fail(f"operand {x!r} is in HBM: compute engines read SBUF/PSUM tiles; load it "
+                     f"first (nl.load / nisa.dma_copy)")
+            op, ch = _bind(x, S, space_dims)
+            views.append((x, op))
+            checks += ch
+            srcs.append(op)
+        elif isinstance(x, IndexExpr):
+            if len(x.shape) > len(S):
+                fail(f"index expression of shape {list(x.shape)} does not fit {list(S)}")
+            full = _expand(x.coefs, x.shape, x.shape) + [0] * (len(S) - len(x.shape))
+            srcs.append(Operand(2, "float32", None, x.const, [full[s] for s in space_dims]))
+        else:
+            srcs.append(Operand(1, "float32", value=float(x)))
+    if dst._buf.kind == "hbm" and not allow_hbm:
+        fail("compute engines write SBUF/PSUM tiles; store to HBM with nl.store / nisa.dma_copy")
+    dstrides = []
+    for i, m in enumerate(dst_map):
+        if m is None:
+            dstrides.append(0)
+        else:
+            if dst.shape[m] != extent[i]:
+                fail(f"result of shape {list(S)} does not fit the destination "
+                     f"{list(dst.shape)}")
+            dstrides.append(dst.strides[m])
+    mapped = [m for m in dst_map if m is not None]
+    if any(dst.shape[d] != 1 for d in range(dst.ndim) if d not in mapped):
+        fail(f"result of shape {list(S)} does not fit the destination {list(dst.shape)}")
+    dop = Operand(0, dst._buf.dtype, dst._buf.id, dst.offset, dstrides)
+    for const, coefs, size, axis in [(c[0], c[1], c[2], c[3]) for c in dst.checks]:
+        k = [coefs[m] if m is not None else 0 for m in dst_map]
+        checks.append([const, k, size, axis, dst._buf.shape])
+    # masks: predicates in iteration coordinates; one-axis ones shrink the box
+    preds = []
+    if mask is not None:
+        if not isinstance(mask, Pred):
+            fail(f"mask must be a condition on index expressions (nl.arange / nl.mgrid), "
+                 f"got {type(mask).__name__}")
+        mshape, ineqs = _fit_mask(mask, S)
+        for c, k in ineqs:
+            full = list(_expand(k, mshape, mshape)) + [0] * (len(S) - len(mshape))
+            preds.append([c, [full[s] for s in space_dims]])
+    lo, hi = [0] * nd, list(extent)
+    rest, empty = [], False
+    for c, k in preds:
+        nz = [i for i in range(nd) if k[i] != 0]
+        if not nz:
+            empty = empty or c < 0
+        elif len(nz) == 1:
+            i, a = nz[0], k[nz[0]]
+            if a > 0:
+                lo[i] = max(lo[i], -(c // a))
+            else:
+                hi[i] = min(hi[i], c // (-a) + 1)
+        else:
+            rest.append([c, k])
+    if empty or any(h <= lw for lw, h in zip(lo, hi)):
+        _touch_write(dst._buf, full=False)
+        return None
+    if any(lo):
+        for op in srcs + [dop]:
+            if op.type != 1:
+                op.offset += sum(s * lw for s, lw in zip(op.strides, lo))
+        for p in rest:
+            p[0] += sum(a * lw for a, lw in zip(p[1], lo))
+        for ch in checks:
+            ch[0] += sum(a * lw for a, lw in zip(ch[1], lo))
+    extent = [h - lw for lw, h in zip(lo, hi)]
+    for const, k, size, axis, shape in checks:
+        mn = const + sum(min(0, a * (e - 1)) for a, e in zip(k, extent))
+        mx = const + sum(max(0, a * (e - 1)) for a, e in zip(k, extent))
+        if mn < 0 or mx >= size:
+            fail(f"index out of bounds: axis {axis} of a tensor of shape {list(shape)} is "
+                 f"indexed from {mn} to {mx}; mask the out-of-range lanes (mask=...)")
+    for x, op in views + [(dst, dop)]:
+        lo_e, hi_e = view_span(NkiTensor(x._buf, op.offset, extent, op.strides))
+        if lo_e < 0 or hi_e >= x._buf.numel:
+            fail(f"access outside the tensor {list(x._buf.shape)} (elements {lo_e}..{hi_e})")
+    # registers
+    n_src = len(srcs)
+    if n_src + len(expr.steps) + 1 > _trace.MAX_REGISTERS:
+        fail("expression too large for one instruction")
+
+    def reg(r):
+        return r[1] if r[0] == "s" else n_src + r[1]
+
+    steps = []
+    for name, regs in expr.steps:
+        rr = [reg(r) for r in regs]
+        rr += [rr[0] if rr else 0] * (3 - len(rr))
+        steps.append((name, *rr))
+    if steps and reg(result) != n_src + len(steps) - 1 or (not steps and reg(result) != 0):
+        steps.append(("copy", reg(result), reg(result), reg(result)))
+    if not steps and n_src != 1:
+        fail("internal: an instruction without steps takes one operand")
+    for x, _ in views:
+        _touch_read(x._buf)
+    if accumulate is not None:
+        _touch_read(dst._buf)
+    full = not rest and accumulate is None and _covers(dop, extent, dst._buf.numel)
+    _touch_write(dst._buf, full)
+    instr = Instr(0, extent, dop, srcs, steps, rest, nreduce=nreduce, reduce_op=reduce_op,
+                  accumulate=accumulate is not None, acc_op=accumulate or "add",
+                  post_scale=post_scale, line=t.line())
+    return t.add(instr)
+
+
+def emit_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, accumulate: bool):
+    """dst[M, N] (+)= stationary[K, M]^T @ moving[K, N]: the Tensor Engine's layout."""
+    t = _trace.current()
+    K, M = stationary.shape
+    K2, N = moving.shape
+    if K != K2:
+        fail(f"matmul contraction (partition) dimensions differ: stationary {list(stationary.shape)}"
+             f", moving {list(moving.shape)}")
+    if K > _trace.PMAX:
+        fail(f"matmul contraction dimension {K} exceeds {_trace.PMAX} partitions; accumulate "
+             f"K tiles of at most 128 into one PSUM tile")
+    if M > _trace.GEMM_STATIONARY_FMAX:
+        fail(f"matmul stationary free size {M} exceeds nl.tile_size.gemm_stationary_fmax "
+             f"({_trace.GEMM_STATIONARY_FMAX})")
+    if N > _trace.GEMM_MOVING_FMAX:
+        fail(f"matmul moving free size {N} exceeds nl.tile_size.gemm_moving_fmax "
+             f"({_trace.GEMM_MOVING_FMAX})")
+    for name, x in (("stationary", stationary), ("moving", moving)):
+        if x._buf.kind != "sbuf":
+            fail(f"matmul {name} operand must be an SBUF tile, got {x._buf.kind}")
+        if not _trace.is_float(x._buf.dtype):
+            fail(f"matmul {name} operand has dtype {x._buf.dtype}; the Tensor Engine takes "
+                 f"float32, bfloat16 or float16")
+    a, b = stationary._buf.dtype, moving._buf.dtype
+    if (a == "float32") != (b == "float32"):
+        fail(f"matmul operands {a} and {b}: a float32 matmul needs both operands float32 "
+             f"(cast the other with nl.copy(x, dtype=...))")
+    if dst._buf.kind != "psum" or dst._buf.dtype != "float32":
+        fail(f"matmul writes a float32 PSUM tile, got {dst._buf.dtype} in {dst._buf.kind}")
+    if tuple(dst.shape) != (M, N):
+        fail(f"matmul result [{M}, {N}] does not fit the destination {list(dst.shape)}")
+    dop = Operand(0, "float32", dst._buf.id, dst.offset, (dst.strides[0], dst.strides[1], 0))
+    sop = Operand(0, a, stationary._buf.id, stationary.offset,
+                  (stationary.strides[1], 0, stationary.strides[0]))
+    mop = Operand(0, b, moving._buf.id, moving.offset, (0, moving.strides[1], moving.strides[0]))
+    _touch_read(stationary._buf)
+    _touch_read(moving._buf)
+    if accumulate:
+        _touch_read(dst._buf)
+    _touch_write(dst._buf, not accumulate and _covers(dop, [M, N, K], dst._buf.numel))
+    return t.add(Instr(1, [M, N, K], dop, [sop, mop], accumulate=accumulate, line=t.line()))
+
+
+# --- shared shapes of instructions -------------------------------------------------------------
+
+def shape_of(x):
+    if isinstance(x, NkiTensor):
+        return x.shape
+    if isinstance(x, IndexExpr):
+        return x.shape
+    return ()
+
+
+def broadcast_shape(*xs):
+    """NKI's broadcasting: shapes aligned on the partition (first) axis."""
+    shapes = [shape_of(x) for x in xs]
+    n = max(len(s) for s in shapes)
+    try:
+        return tuple(np.broadcast_shapes(*[tuple(s) + (1,) * (n - len(s)) for s in shapes]))
+    except ValueError:
+        fail(f"operands of shapes {[list(s) for s in shapes]} do not broadcast")
+
+
+def copy_into(dst: NkiTensor, value, mask=None, allow_hbm=False):
+    e = Expr()
+    emit(dst, dst.shape, e, e.src(value), mask=mask, allow_hbm=allow_hbm)
+
+
+def accumulate_into(dst: NkiTensor, value, op: str, mask=None):
+    e = Expr()
+    emit(dst, dst.shape, e, e.src(value), mask=mask, accumulate=op)
+
+
+def reduce_into(dst: NkiTensor, S, axes, expr: Expr, result, op: str, *, keepdims, mask=None,
+                post_scale=1.0, accumulate=None):
+    """dst <- op over `axes` of expr (evaluated over shape S)."""
+    axes = sorted(a % len(S) for a in axes)
+    kept = [d for d in range(len(S)) if d not in axes]
+    space = kept + axes
+    if keepdims:
+        dst_map = [d for d in kept] + [None] * len(axes)
+    else:
+        dst_map = list(range(len(kept))) + [None] * len(axes)
+    return emit(dst, S, expr, result, space_dims=space, dst_map=dst_map, mask=mask,
+                accumulate=accumulate, nreduce=len(axes), reduce_op=op, post_scale=post_scale)

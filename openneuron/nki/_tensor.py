@@ -1,0 +1,502 @@
+"""Values a kernel holds while it is traced: NkiTensor (a strided view of an HBM tensor or an
+SBUF/PSUM tile), affine index expressions (nl.arange, nl.mgrid and arithmetic on them), masks
+(affine predicates), nl.ds. Indexing turns them into access patterns: an element offset and one
+stride per axis. Instructions are recorded by _emit.py; the API is language.py / isa.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from openneuron.nki._trace import fail
+
+
+class DTypeConst(str):
+    """A dtype numpy lacks (bfloat16, float8...): compares equal to its name."""
+
+    @property
+    def _nki_dtype(self):
+        return str(self)
+
+
+BFLOAT16 = DTypeConst("bfloat16")
+_PUBLIC_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32,
+                  "uint8": np.uint8, "int8": np.int8, "bfloat16": BFLOAT16}
+
+
+def public_dtype(name: str):
+    return _PUBLIC_DTYPES[name]
+
+
+class BufferKind:
+    """nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm, nl.private_hbm."""
+
+    def __init__(self, name: str, kind: str):
+        self.name = name
+        self.kind = kind
+
+    def __repr__(self):
+        return f"nl.{self.name}"
+
+
+SBUF = BufferKind("sbuf", "sbuf")
+PSUM = BufferKind("psum", "psum")
+HBM = BufferKind("hbm", "hbm")
+SHARED_HBM = BufferKind("shared_hbm", "hbm")
+PRIVATE_HBM = BufferKind("private_hbm", "hbm")
+_KIND_OBJECTS = {"sbuf": SBUF, "psum": PSUM, "hbm": SHARED_HBM}
+
+
+def buffer_kind(buffer) -> str:
+    if buffer is None:
+        return "sbuf"
+    if isinstance(buffer, BufferKind):
+        return buffer.kind
+    if isinstance(buffer, str) and buffer in ("sbuf", "psum", "hbm", "shared_hbm", "private_hbm"):
+        return "hbm" if "hbm" in buffer else buffer
+    fail(f"unknown buffer {buffer!r}: use nl.sbuf, nl.psum, nl.hbm or nl.shared_hbm")
+
+
+# --- index expressions and masks ---------------------------------------------------------------
+
+def _broadcast_shapes(*shapes):
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        fail(f"index expressions of shapes {[list(s) for s in shapes]} do not broadcast")
+
+
+def _expand(coefs, shape, target):
+    """coefs over `shape`, right-aligned into `target` (a broadcast axis has coefficient 0)."""
+    pad = len(target) - len(shape)
+    out = [0] * len(target)
+    for j, c in enumerate(coefs):
+        out[pad + j] = c if shape[j] != 1 else 0
+    return out
+
+
+class IndexExpr:
+    """An affine index: const + sum(coefs[k] * position[k]) over a grid of `shape`."""
+
+    __slots__ = ("coefs", "const", "shape")
+
+    def __init__(self, shape, const, coefs):
+        self.shape = tuple(shape)
+        self.const = int(const)
+        self.coefs = tuple(int(c) for c in coefs)
+
+    def _combine(self, other, sign):
+        if isinstance(other, IndexExpr):
+            shape = _broadcast_shapes(self.shape, other.shape)
+            a = _expand(self.coefs, self.shape, shape)
+            b = _expand(other.coefs, other.shape, shape)
+            return IndexExpr(shape, self.const + sign * other.const,
+                             [x + sign * y for x, y in zip(a, b)])
+        if isinstance(other, (int, np.integer)):
+            return IndexExpr(self.shape, self.const + sign * int(other), self.coefs)
+        return NotImplemented
+
+    def __add__(self, o):
+        return self._combine(o, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return self._combine(o, -1)
+
+    def __rsub__(self, o):
+        return (-self)._combine(o, 1)
+
+    def __neg__(self):
+        return IndexExpr(self.shape, -self.const, [-c for c in self.coefs])
+
+    def __mul__(self, k):
+        if not isinstance(k, (int, np.integer)):
+            return NotImplemented
+        return IndexExpr(self.shape, self.const * int(k), [c * int(k) for c in self.coefs])
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, k):
+        fail("an index expression divided is not affine; index with nl.arange/nl.mgrid "
+             "arithmetic (+, -, * by integers) only")
+
+    def __getitem__(self, key):
+        """[:, None] / [None, :]: new axes of size 1, as numpy."""
+        key = key if isinstance(key, tuple) else (key,)
+        shape, coefs, j = [], [], 0
+        for k in key:
+            if k is None:
+                shape.append(1)
+                coefs.append(0)
+            elif isinstance(k, slice) and k == slice(None):
+                shape.append(self.shape[j])
+                coefs.append(self.coefs[j])
+                j += 1
+            else:
+                fail("an index expression takes only [:, None]-style new axes")
+        shape += self.shape[j:]
+        coefs += self.coefs[j:]
+        return IndexExpr(shape, self.const, coefs)
+
+    def _cmp(self, other, kind):
+        diff = (other - self) if kind in ("lt", "le") else (self - other)
+        if diff is NotImplemented:
+            return NotImplemented
+        if not isinstance(diff, IndexExpr):
+            diff = IndexExpr(self.shape, diff, [0] * len(self.shape))
+        strict = kind in ("lt", "gt")
+        return Pred(diff.shape, [(diff.const - (1 if strict else 0), diff.coefs)])
+
+    def __lt__(self, o):
+        return self._cmp(o, "lt")
+
+    def __le__(self, o):
+        return self._cmp(o, "le")
+
+    def __gt__(self, o):
+        return self._cmp(o, "gt")
+
+    def __ge__(self, o):
+        return self._cmp(o, "ge")
+
+    def __eq__(self, o):
+        a, b = self._cmp(o, "ge"), self._cmp(o, "le")
+        return a & b
+
+    def __ne__(self, o):
+        fail("'!=' on index expressions is not one interval; combine '<' and '>' masks")
+
+    __hash__ = None
+
+
+class Pred:
+    """A mask: every inequality const + sum(coefs * position) >= 0 holds, over a grid `shape`."""
+
+    __slots__ = ("ineqs", "shape")
+
+    def __init__(self, shape, ineqs):
+        self.shape = tuple(shape)
+        self.ineqs = [(int(c), tuple(int(x) for x in k)) for c, k in ineqs]
+
+    def __and__(self, other):
+        if not isinstance(other, Pred):
+            return NotImplemented
+        shape = _broadcast_shapes(self.shape, other.shape)
+        return Pred(shape, [(c, _expand(k, self.shape, shape)) for c, k in self.ineqs]
+                    + [(c, _expand(k, other.shape, shape)) for c, k in other.ineqs])
+
+    __rand__ = __and__
+
+    def __invert__(self):
+        if len(self.ineqs) != 1:
+            fail("~ of a mask with several conditions is not one interval")
+        c, k = self.ineqs[0]
+        return Pred(self.shape, [(-c - 1, [-x for x in k])])
+
+    def __or__(self, other):
+        fail("masks combine with '&' only (an NKI mask is a conjunction of affine conditions)")
+
+    def __bool__(self):
+        fail("a mask is not a Python bool: pass it as mask=... (or to nisa.affine_select)")
+        return False
+
+
+class DynSlice:
+    """nl.ds(start, size): `size` elements from `start`."""
+
+    __slots__ = ("size", "start", "step")
+
+    def __init__(self, start, size, step=1):
+        self.start, self.size, self.step = int(start), int(size), int(step)
+
+
+def arange(start, stop=None, step=1) -> IndexExpr:
+    if stop is None:
+        start, stop = 0, start
+    n = max(0, -(-(int(stop) - int(start)) // int(step)))
+    return IndexExpr((n,), start, (step,))
+
+
+class _MGrid:
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        ranges = []
+        for k in key:
+            if not isinstance(k, slice):
+                fail("nl.mgrid takes slices: nl.mgrid[0:128, 0:512]")
+            start = k.start or 0
+            step = k.step or 1
+            ranges.append((start, max(0, -(-(k.stop - start) // step)), step))
+        shape = tuple(n for _, n, _ in ranges)
+        out = []
+        for d, (start, _, step) in enumerate(ranges):
+            coefs = [0] * len(shape)
+            coefs[d] = step
+            out.append(IndexExpr(shape, start, coefs))
+        return tuple(out) if len(out) > 1 else out[0]
+
+
+mgrid = _MGrid()
+
+
+# --- tensors -----------------------------------------------------------------------------------
+
+class NkiTensor:
+    """A view: buffer, element offset, shape, strides. On SBUF/PSUM the first axis is the
+    partition axis. `checks` bound each indexed axis of an advanced-indexed view: (const,
+    coefs per axis of this view, size), checked against masks when an instruction uses it."""
+
+    __slots__ = ("__weakref__", "_buf", "checks", "offset", "shape", "strides")
+
+    def __init__(self, buf, offset=0, shape=None, strides=None, checks=()):
+        self._buf = buf
+        self.offset = int(offset)
+        self.shape = tuple(int(s) for s in (buf.shape if shape is None else shape))
+        if strides is None:
+            strides, acc = [], 1
+            for s in reversed(self.shape):
+                strides.append(acc)
+                acc *= s
+            strides = tuple(reversed(strides))
+        self.strides = tuple(int(s) for s in strides)
+        self.checks = tuple(checks)
+
+    # attributes kernels read
+    @property
+    def dtype(self):
+        return public_dtype(self._buf.dtype)
+
+    @property
+    def buffer(self):
+        return _KIND_OBJECTS[self._buf.kind]
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        return f"NkiTensor({list(self.shape)}, {self._buf.dtype}, {self._buf.kind})"
+
+    def is_full(self) -> bool:
+        """Whether this view covers its whole buffer once (a write makes it initialized)."""
+        if self.offset != 0 or self.size != self._buf.numel:
+            return False
+        pairs = sorted((st, n) for st, n in zip(self.strides, self.shape) if n > 1)
+        acc = 1
+        for st, n in pairs:
+            if st != acc:
+                return False
+            acc *= n
+        return True
+
+    # views
+    def __getitem__(self, key):
+        return index(self, key)
+
+    def __setitem__(self, key, value):
+        from openneuron.nki import _emit
+        dst = index(self, key)
+        if isinstance(value, NkiTensor) and value._buf is dst._buf and \
+                value.offset == dst.offset and value.strides == dst.strides:
+            return  # `t[i] += x` writes in place, then assigns the view to itself
+        _emit.copy_into(dst, value, allow_hbm=dst._buf.kind == "hbm")
+
+    def reshape(self, shape):
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        if int(np.prod(shape, dtype=np.int64)) != self.size:
+            fail(f"cannot reshape {list(self.shape)} to {list(shape)}")
+        if NkiTensor(self._buf, 0, self.shape).strides != self.strides:
+            fail("reshape of a non-contiguous view; copy it into a tile first")
+        if self._buf.kind != "hbm" and shape[0] != self.shape[0]:
+            fail(f"reshape of a tile must keep its partition dimension ({self.shape[0]}), "
+                 f"got {list(shape)}")
+        return NkiTensor(self._buf, self.offset, shape)
+
+    def broadcast_to(self, shape):
+        from openneuron.nki import language as nl
+        return nl.broadcast_to(self, shape)
+
+    def ap(self, pattern, offset=0):
+        """A raw access pattern: [[step, count], ...] over this tensor's elements (the first
+        pair is the partition axis of a tile), from `offset` elements past this view's start."""
+        strides = [int(p[0]) for p in pattern]
+        shape = [int(p[1]) for p in pattern]
+        view = NkiTensor(self._buf, self.offset + int(offset), shape, strides)
+        lo, hi = view_span(view)
+        if lo < 0 or hi >= self._buf.numel:
+            fail(f"access pattern {pattern} at offset {offset} leaves the tensor "
+                 f"{list(self._buf.shape)} (elements {lo}..{hi})")
+        return view
+
+    def view_dtype(self, dtype):
+        fail("reinterpreting a tensor's dtype is not supported on the neuron NKI executor")
+
+    @property
+    def T(self):
+        from openneuron.nki import language as nl
+        return nl.transpose(self)
+
+    # arithmetic on tiles: the nl functions
+    def _bin(self, name, other, reverse=False):
+        from openneuron.nki import language as nl
+        fn = getattr(nl, name)
+        return fn(other, self) if reverse else fn(self, other)
+
+    def __add__(self, o):
+        return self._bin("add", o)
+
+    def __radd__(self, o):
+        return self._bin("add", o, True)
+
+    def __sub__(self, o):
+        return self._bin("subtract", o)
+
+    def __rsub__(self, o):
+        return self._bin("subtract", o, True)
+
+    def __mul__(self, o):
+        return self._bin("multiply", o)
+
+    def __rmul__(self, o):
+        return self._bin("multiply", o, True)
+
+    def __truediv__(self, o):
+        return self._bin("divide", o)
+
+    def __rtruediv__(self, o):
+        return self._bin("divide", o, True)
+
+    def __pow__(self, o):
+        return self._bin("power", o)
+
+    def __neg__(self):
+        from openneuron.nki import language as nl
+        return nl.negative(self)
+
+    def __lt__(self, o):
+        return self._bin("less", o)
+
+    def __le__(self, o):
+        return self._bin("less_equal", o)
+
+    def __gt__(self, o):
+        return self._bin("greater", o)
+
+    def __ge__(self, o):
+        return self._bin("greater_equal", o)
+
+    def __and__(self, o):
+        return self._bin("logical_and", o)
+
+    def __or__(self, o):
+        return self._bin("logical_or", o)
+
+    def _inplace(self, name, other):
+        from openneuron.nki import _emit
+        _emit.accumulate_into(self, other, name)
+        return self
+
+    def __iadd__(self, o):
+        return self._inplace("add", o)
+
+    def __isub__(self, o):
+        return self._inplace("subtract", o)
+
+    def __imul__(self, o):
+        return self._inplace("multiply", o)
+
+    def __itruediv__(self, o):
+        return self._inplace("divide", o)
+
+    __hash__ = object.__hash__
+
+
+def view_span(v: NkiTensor):
+    lo = hi = v.offset
+    for st, n in zip(v.strides, v.shape):
+        if n == 0:
+            return 0, -1
+        if st < 0:
+            lo += st * (n - 1)
+        else:
+            hi += st * (n - 1)
+    return lo, hi
+
+
+def _norm_slice(k, size, axis):
+    if isinstance(k, DynSlice):
+        start, stop, step = k.start, k.start + k.size * k.step, k.step
+        if start < 0 or stop > size:
+            fail(f"nl.ds({k.start}, {k.size}) is out of bounds for axis {axis} of size {size}")
+        return start, k.size, step
+    start, stop, step = k.indices(size)
+    return start, len(range(start, stop, step)), step
+
+
+def index(t: NkiTensor, key) -> NkiTensor:
+    """t[key]: ints, slices, nl.ds, Ellipsis, or affine index expressions (with ints)."""
+    key = list(key) if isinstance(key, tuple) else [key]
+    if any(k is Ellipsis for k in key):
+        i = next(j for j, k in enumerate(key) if k is Ellipsis)
+        fill = t.ndim - (len(key) - 1)
+        key = key[:i] + [slice(None)] * fill + key[i + 1:]
+    if len(key) > t.ndim:
+        fail(f"too many indices ({len(key)}) for a tensor of shape {list(t.shape)}")
+    key += [slice(None)] * (t.ndim - len(key))
+    if any(isinstance(k, IndexExpr) for k in key):
+        return _index_affine(t, key)
+    offset, shape, strides = t.offset, [], []
+    for d, k in enumerate(key):
+        if isinstance(k, (int, np.integer)):
+            k = int(k)
+            if not -t.shape[d] <= k < t.shape[d]:
+                fail(f"index {k} is out of bounds for axis {d} of size {t.shape[d]} "
+                     f"(tensor {list(t.shape)})")
+            offset += t.strides[d] * (k % t.shape[d])
+        elif isinstance(k, (slice, DynSlice)):
+            start, n, step = _norm_slice(k, t.shape[d], d)
+            offset += t.strides[d] * start
+            shape.append(n)
+            strides.append(t.strides[d] * step)
+        else:
+            fail(f"unsupported index {k!r} for axis {d}")
+    return NkiTensor(t._buf, offset, shape, strides)
+
+
+def _index_affine(t: NkiTensor, key) -> NkiTensor:
+    """t[ix, iy]: the result has one axis per grid axis an index expression moves along (an
+    unused unit axis of an nl.mgrid is dropped), in grid order."""
+    exprs = [k for k in key if isinstance(k, IndexExpr)]
+    grid = _broadcast_shapes(*[e.shape for e in exprs])
+    full = [_expand(e.coefs, e.shape, grid) for e in exprs]
+    kept = [j for j in range(len(grid)) if grid[j] > 1 or any(c[j] for c in full)]
+    shape = [grid[j] for j in kept]
+    offset = t.offset
+    strides = [0] * len(shape)
+    checks = []
+    for d, k in enumerate(key):
+        if isinstance(k, (int, np.integer)):
+            k = int(k)
+            if not 0 <= k < t.shape[d]:
+                fail(f"index {k} is out of bounds for axis {d} of size {t.shape[d]}")
+            offset += t.strides[d] * k
+        elif isinstance(k, IndexExpr):
+            coefs = _expand(k.coefs, k.shape, grid)
+            coefs = [coefs[j] for j in kept]
+            offset += t.strides[d] * k.const
+            for j, c in enumerate(coefs):
+                strides[j] += t.strides[d] * c
+            checks.append((k.const, tuple(coefs), t.shape[d], d))
+        elif isinstance(k, slice) and k == slice(None) and t.shape[d] == 1:
+            pass
+        else:
+            fail("index expressions (nl.arange / nl.mgrid) mix only with integer indices; "
+                 f"axis {d} got {k!r}")
+    return NkiTensor(t._buf, offset, shape, strides, checks)

@@ -1,0 +1,353 @@
+"""The tracer behind openneuron.nki (DESIGN §8): one run of a kernel body with concrete loop
+indices and program ids records a flat instruction program (affine access patterns, masks as
+affine predicates) for the C++ executor in csrc/nki. It owns the hardware limits (checked as
+each call is recorded, errors naming the kernel's line), on-chip memory accounting (a tile lives
+while its Python object does) and the program's encoding. The API on top is language.py /
+isa.py; kernels, caching and launches are _kernel.py."""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import threading
+
+import numpy as np
+
+from openneuron import _C
+
+_TABLES = _C._nki_tables()
+OPS = {name: code for name, (code, _) in _TABLES["ops"].items()}
+ARITY = {name: arity for name, (_, arity) in _TABLES["ops"].items()}
+DTYPE_CODES = {name: code for name, (code, _) in _TABLES["dtypes"].items()}
+DTYPE_SIZES = {name: size for name, (_, size) in _TABLES["dtypes"].items()}
+MAX_DIMS = _TABLES["max_dims"]
+MAX_REGISTERS = _TABLES["max_registers"]
+
+# The NeuronCore's on-chip limits (NeuronCore-v2/v3, as NKI documents them).
+PMAX = 128  # partitions
+SBUF_PARTITION_BYTES = 192 * 1024  # 24 MiB / 128 partitions
+PSUM_PARTITION_BYTES = 16 * 1024  # 2 MiB / 128 partitions: 8 banks
+PSUM_BANK_BYTES = 2 * 1024
+GEMM_STATIONARY_FMAX = 128
+GEMM_MOVING_FMAX = 512
+PSUM_FMAX = 512
+BN_STATS_FMAX = 512
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_MAGIC = 0x4E4B4931
+
+
+class NkiError(ValueError):
+    """A kernel broke a rule of the NKI programming model or a hardware limit; the message names
+    the kernel and the line of the offending call."""
+
+
+_local = threading.local()
+
+
+def current() -> Trace:
+    t = getattr(_local, "trace", None)
+    if t is None:
+        raise NkiError("nki.language / nki.isa calls run only inside a kernel: decorate the "
+                       "function with @nki.jit and call it with arrays or tensors")
+    return t
+
+
+def user_line() -> str:
+    """file:line of the innermost frame outside this package (the kernel's call)."""
+    f = sys._getframe(1)
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == _PACKAGE_DIR:
+        f = f.f_back
+    if f is None:
+        return "<unknown>"
+    return f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+def fail(message: str):
+    """Raises NkiError naming the kernel and its current line."""
+    t = getattr(_local, "trace", None)
+    where = user_line()
+    name = t.kernel_name if t is not None else "?"
+    raise NkiError(f"{where}: in kernel '{name}': {message}")
+
+
+# --- dtypes ------------------------------------------------------------------------------------
+
+_DTYPE_ALIASES = {"bool": "uint8", "bool_": "uint8", "float": "float32", "tfloat32": "float32",
+                  "half": "float16", "int": "int32"}
+
+
+def dtype_name(dt) -> str:
+    """The canonical name ("float32", "bfloat16", ...) of any dtype spelling a kernel may use:
+    numpy types/dtypes, torch dtypes, strings, nl constants."""
+    if isinstance(dt, str):
+        name = dt
+    elif hasattr(dt, "_nki_dtype"):
+        name = dt._nki_dtype
+    elif type(dt).__module__ == "torch" and type(dt).__name__ == "dtype":
+        name = str(dt).replace("torch.", "")
+    else:
+        try:
+            name = np.dtype(dt).name
+        except TypeError:
+            fail(f"unsupported dtype {dt!r}")
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in DTYPE_CODES:
+        fail(f"dtype {name} is not supported on the neuron device's NKI executor (supported: "
+             f"{', '.join(DTYPE_CODES)})")
+    return name
+
+
+def is_float(name: str) -> bool:
+    return name in ("float32", "bfloat16", "float16")
+
+
+def promote(a: str, b: str) -> str:
+    if a == b:
+        return a
+    if is_float(a) and is_float(b):
+        return "float32"
+    if is_float(a):
+        return a
+    if is_float(b):
+        return b
+    return "int32"
+
+
+# --- buffers and on-chip memory ----------------------------------------------------------------
+
+class Buffer:
+    """One allocation: an HBM tensor (kernel input, output or scratch) or an SBUF/PSUM tile.
+    Its on-chip bytes are released when the last view of it is dropped."""
+
+    def __init__(self, trace: Trace, kind: str, shape: tuple, dtype: str, role: str):
+        self.trace = trace
+        self.kind = kind  # "hbm" | "sbuf" | "psum"
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.role = role  # "input" | "hbm" (allocated in the kernel) | "tile"
+        self.id = trace.new_buffer_id(self)
+        self.numel = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        self.nbytes = self.numel * DTYPE_SIZES[dtype]
+        trace.buffers[self.id][2] = self.nbytes
+        self.state = "init"  # "uninit" until written; an uninit read gets a NaN fill first
+        self.fill = None
+        self.placed = False
+        if kind in ("sbuf", "psum"):
+            trace.alloc_tile(self)
+            self.placed = True
+
+    def __del__(self):
+        trace = self.trace
+        if self.placed and trace is not None and trace.active:
+            trace.free_tile(self)
+
+
+class Arena:
+    """First-fit placement of live tiles in the executor's per-thread arena (64-byte aligned)."""
+
+    def __init__(self):
+        self.free = []  # sorted (offset, size)
+        self.end = 0
+        self.peak = 0
+
+    def alloc(self, size: int) -> int:
+        size = (size + 63) // 64 * 64
+        for i, (off, sz) in enumerate(self.free):
+            if sz >= size:
+                if sz == size:
+                    del self.free[i]
+                else:
+                    self.free[i] = (off + size, sz - size)
+                return off
+        off = self.end
+        self.end += size
+        self.peak = max(self.peak, self.end)
+        return off
+
+    def release(self, off: int, size: int):
+        size = (size + 63) // 64 * 64
+        self.free.append((off, size))
+        self.free.sort()
+        merged = []
+        for o, s in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        if merged and merged[-1][0] + merged[-1][1] == self.end:
+            self.end = merged[-1][0]
+            merged.pop()
+        self.free = merged
+
+
+# --- instructions ------------------------------------------------------------------------------
+
+class Operand:
+    """A view bound to an instruction's iteration axes: buffer id, element offset and one stride
+    per axis; or a constant; or an iota (offset + sum stride * index as a value)."""
+
+    __slots__ = ("buf", "dtype", "offset", "strides", "type", "value")
+
+    def __init__(self, type_, dtype="float32", buf=None, offset=0, strides=(), value=0.0):
+        self.type = type_  # 0 view, 1 const, 2 iota
+        self.dtype = dtype
+        self.buf = buf
+        self.offset = offset
+        self.strides = list(strides)
+        self.value = value
+
+
+class Instr:
+    __slots__ = (
+        "acc_op",
+        "accumulate",
+        "dst",
+        "enabled",
+        "extent",
+        "kind",
+        "line",
+        "nreduce",
+        "post_scale",
+        "preds",
+        "reduce_op",
+        "src",
+        "steps",
+    )
+
+    def __init__(self, kind, extent, dst, src=(), steps=(), preds=(), nreduce=0,
+                 reduce_op="add", accumulate=False, acc_op="add", post_scale=1.0, line=-1):
+        self.kind = kind
+        self.extent = list(extent)
+        self.dst = dst
+        self.src = list(src)
+        self.steps = list(steps)
+        self.preds = list(preds)
+        self.nreduce = nreduce
+        self.reduce_op = reduce_op
+        self.accumulate = accumulate
+        self.acc_op = acc_op
+        self.post_scale = post_scale
+        self.line = line
+        self.enabled = True
+
+
+def _f64_word(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+class Trace:
+    """One grid instance's recording: its instructions, buffers and on-chip usage."""
+
+    def __init__(self, kernel_name: str, program_ids: tuple, grid: tuple, lines: list,
+                 line_index: dict, buffer_ids):
+        self.kernel_name = kernel_name
+        self.program_ids = program_ids
+        self.grid = grid
+        self.instrs: list[Instr] = []
+        self.lines = lines  # shared by the instances of one program
+        self.line_index = line_index
+        self.buffers = {}  # id -> (kind, dtype, nbytes, role, arena offset)
+        self.buffer_ids = buffer_ids
+        self.arena = Arena()
+        self.sbuf_used = 0
+        self.psum_used = 0
+        self.sbuf_peak = 0
+        self.psum_peak = 0
+        self.hbm_allocs = []  # ids of HBM buffers the kernel allocated, in order
+        self.active = True
+
+    def new_buffer_id(self, buf: Buffer) -> int:
+        i = next(self.buffer_ids)
+        self.buffers[i] = [buf.kind, buf.dtype, 0, buf.role, None]
+        if buf.role == "hbm":
+            self.hbm_allocs.append(i)
+        return i
+
+    def line(self) -> int:
+        where = user_line()
+        i = self.line_index.get(where)
+        if i is None:
+            i = self.line_index[where] = len(self.lines)
+            self.lines.append(where)
+        return i
+
+    # on-chip memory
+    def alloc_tile(self, buf: Buffer):
+        p = buf.shape[0] if buf.shape else 1
+        if p > PMAX:
+            fail(f"tile partition dimension {p} (shape {list(buf.shape)}) exceeds "
+                 f"{PMAX} (nl.tile_size.pmax); the first dimension of an SBUF/PSUM tile is its "
+                 f"partition dimension: split it into tiles of at most {PMAX} rows")
+        per_partition = (buf.nbytes // p) if p else 0
+        if buf.kind == "psum":
+            if per_partition > PSUM_BANK_BYTES:
+                fail(f"PSUM tile {list(buf.shape)} {buf.dtype} needs {per_partition} bytes per "
+                     f"partition; a PSUM tile must fit one 2 KiB bank (nl.tile_size.psum_fmax = "
+                     f"{PSUM_FMAX} float32 per partition)")
+            if self.psum_used + per_partition > PSUM_PARTITION_BYTES:
+                fail(f"PSUM is full: {self.psum_used} of {PSUM_PARTITION_BYTES} bytes per "
+                     f"partition are held by live tiles and this tile {list(buf.shape)} needs "
+                     f"{per_partition} more; drop references to PSUM tiles no longer needed")
+            self.psum_used += per_partition
+            self.psum_peak = max(self.psum_peak, self.psum_used)
+        else:
+            if self.sbuf_used + per_partition > SBUF_PARTITION_BYTES:
+                fail(f"SBUF is full: {self.sbuf_used} of {SBUF_PARTITION_BYTES} bytes per "
+                     f"partition (24 MiB / 128 partitions) are held by live tiles and this tile "
+                     f"{list(buf.shape)} {buf.dtype} needs {per_partition} more; use smaller "
+                     f"tiles or drop references to tiles no longer needed")
+            self.sbuf_used += per_partition
+            self.sbuf_peak = max(self.sbuf_peak, self.sbuf_used)
+        off = self.arena.alloc(buf.nbytes)
+        self.buffers[buf.id][2] = buf.nbytes
+        self.buffers[buf.id][4] = off
+        buf.per_partition = per_partition
+
+    def free_tile(self, buf: Buffer):
+        if buf.kind == "psum":
+            self.psum_used -= buf.per_partition
+        else:
+            self.sbuf_used -= buf.per_partition
+        self.arena.release(self.buffers[buf.id][4], buf.nbytes)
+
+    def add(self, instr: Instr) -> Instr:
+        self.instrs.append(instr)
+        return instr
+
+
+def encode(program_traces: list, slots: dict, slot_bytes: list, arena_slot: int) -> np.ndarray:
+    """The executor's encoding of every instance (csrc/nki/program.cpp reads it). slots maps an
+    HBM buffer id to its slot; every other buffer lives in the arena at its assigned offset."""
+    words = [_MAGIC, len(slot_bytes), *slot_bytes, len(program_traces)]
+    for t in program_traces:
+        live = [i for i in t.instrs if i.enabled]
+        words.append(len(live))
+        for ins in live:
+            nd = len(ins.extent)
+            words += [ins.kind, nd, *ins.extent, ins.nreduce, OPS[ins.reduce_op],
+                      int(ins.accumulate), OPS[ins.acc_op], _f64_word(ins.post_scale), ins.line]
+            _encode_operand(words, ins.dst, t, slots, arena_slot, nd)
+            words.append(len(ins.src))
+            for o in ins.src:
+                _encode_operand(words, o, t, slots, arena_slot, nd)
+            words.append(len(ins.steps))
+            for op, a, b, c in ins.steps:
+                words += [OPS[op], a, b, c]
+            words.append(len(ins.preds))
+            for c, coefs in ins.preds:
+                words += [c, *coefs]
+    return np.asarray(words, dtype=np.int64)
+
+
+def _encode_operand(words, o: Operand, t: Trace, slots, arena_slot, nd):
+    slot, offset = 0, o.offset
+    if o.type == 0:
+        if o.buf in slots:
+            slot = slots[o.buf]
+        else:
+            slot = arena_slot
+            offset += t.buffers[o.buf][4] // DTYPE_SIZES[o.dtype]
+    strides = list(o.strides) + [0] * (nd - len(o.strides))
+    words += [o.type, DTYPE_CODES[o.dtype], slot, offset, *strides, _f64_word(o.value)]

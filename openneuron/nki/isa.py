@@ -1,0 +1,390 @@
+"""openneuron.nki.isa (`nisa`): NKI's instruction-level API, both generations in one module.
+Beta 1 (neuronxcc.nki.isa) returns a new tile: `t = nisa.tensor_copy(src)`; 0.x (nki.isa) writes
+a destination given first: `nisa.tensor_copy(dst, src)` or `dst=`. A call is the 0.x form when it
+passes `dst=`, or more positional arguments than the Beta 1 form takes, or (where Beta 1 starts
+with an op or a shape) a tile first. Instructions are recorded when traced, as in language.py."""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+import numpy as np
+
+from openneuron.nki import _emit, _trace
+from openneuron.nki import language as nl
+from openneuron.nki._emit import Expr, broadcast_shape, emit, new_buffer, reduce_into
+from openneuron.nki._tensor import IndexExpr, NkiTensor, Pred
+from openneuron.nki._trace import fail
+
+
+class engine(enum.IntEnum):
+    """The engine an instruction runs on (accepted; the executor runs every engine's work)."""
+
+    unknown = 0
+    tensor = 1
+    vector = 2
+    scalar = 3
+    gpsimd = 4
+    activation = 3
+    sync = 5
+
+
+_Engine = engine
+
+
+class reduce_cmd(enum.IntEnum):
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+
+
+class dge_mode(enum.IntEnum):
+    unknown = 0
+    swdge = 1
+    hwdge = 2
+    none = 3
+
+
+class nc_version(enum.IntEnum):
+    gen2 = 2
+    gen3 = 3
+
+
+def get_nc_version():
+    return nc_version.gen3
+
+
+_NUMPY_OPS = {"true_divide": "divide", "absolute": "abs", "negative": "neg", "fmod": "mod",
+              "remainder": "mod", "copy": "copy", "positive": "copy"}
+
+
+def _op_name(op, arity=None) -> str:
+    name = getattr(op, "_nki_op", None)
+    if name is None and isinstance(op, np.ufunc):
+        name = _NUMPY_OPS.get(op.__name__, op.__name__)
+    if name is None and isinstance(op, str):
+        name = op
+    if name is None and op is nl.copy:
+        name = "copy"
+    if name not in _trace.ARITY or (arity is not None and _trace.ARITY[name] != arity):
+        fail(f"unsupported {'' if arity is None else ('unary ' if arity == 1 else 'binary ')}"
+             f"operator {getattr(op, '__name__', op)!r}")
+    return name
+
+
+def _generations(beta1_positional: int, tile_first_is_dst: bool = False,
+                 two_tiles_is_dst: bool = False):
+    """Routes a 0.x destination-first call to the Beta 1 body with dst=."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            dst = kwargs.pop("dst", None)
+            two_tiles = len(args) > 1 and isinstance(args[1], NkiTensor)
+            if dst is None and args and isinstance(args[0], NkiTensor) and (
+                    len(args) > beta1_positional or tile_first_is_dst
+                    or (two_tiles_is_dst and two_tiles)):
+                dst, args = args[0], args[1:]
+            out = fn(*args, dst=dst, **kwargs)
+            return None if dst is not None else out
+        return call
+
+    return wrap
+
+
+def _out(dst, shape, dtype, kind="sbuf"):
+    if dst is not None:
+        return dst
+    return new_buffer(shape, _trace.dtype_name(dtype), kind)
+
+
+def _float_dtype(x, dtype):
+    if dtype is not None:
+        return _trace.dtype_name(dtype)
+    d = x._buf.dtype
+    return d if _trace.is_float(d) else "float32"
+
+
+# --- Tensor Engine -----------------------------------------------------------------------------
+
+@_generations(2)
+def nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
+              is_transpose=False, mask=None, accumulate=None, dst=None, **_):
+    """stationary[K, M]^T @ moving[K, N] -> PSUM [M, N] float32. With dst (0.x), accumulate=None
+    accumulates onto a matmul result the destination holds that nothing has read yet (a K loop
+    into one PSUM tile), True always, False never."""
+    out = _out(dst, (stationary.shape[1], moving.shape[1]), "float32", "psum")
+    acc = accumulate
+    if acc is None:
+        acc = dst is not None and getattr(out._buf, "mm_open", False)
+    _emit.emit_matmul(out, stationary, moving, accumulate=bool(acc))
+    out._buf.mm_open = True
+    return out
+
+
+@_generations(1)
+def nc_transpose(data, engine=engine.unknown, mask=None, dtype=None, dst=None, **_):
+    """[P, F] -> [F, P]: on the Tensor Engine (P, F <= 128, result in PSUM) or the Vector
+    Engine (P, F <= 32, result in SBUF)."""
+    if data.ndim != 2:
+        fail(f"nc_transpose takes a 2-D tile, got {list(data.shape)}")
+    p, f = data.shape
+    eng = _Engine(engine)
+    if eng == _Engine.unknown:
+        eng = _Engine.vector if (p <= 32 and f <= 32) else _Engine.tensor
+    limit = 32 if eng == _Engine.vector else _trace.PMAX
+    if p > limit or f > limit:
+        fail(f"nc_transpose of {list(data.shape)} on the {eng.name} engine: both dimensions "
+             f"must be at most {limit}")
+    kind = "sbuf" if eng == _Engine.vector else "psum"
+    out = _out(dst, (f, p), dtype or data.dtype, kind)
+    view = NkiTensor(data._buf, data.offset, (f, p), data.strides[::-1])
+    _emit.copy_into(out, view, mask=mask)
+    return out
+
+
+# --- Scalar / Vector / GpSimd Engines ----------------------------------------------------------
+
+def _activation_expr(op, data, bias, scale):
+    e = Expr()
+    x = e.src(data)
+    if not (isinstance(scale, (int, float)) and scale == 1.0):
+        x = e.op("multiply", x, e.src(scale))
+    if bias is not None:
+        x = e.op("add", x, e.src(bias))
+    return e, e.op(_op_name(op, 1), x)
+
+
+@_generations(2, tile_first_is_dst=True)
+def activation(op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+               reduce_cmd=None, mask=None, dtype=None, dst=None, **_):
+    """op(data * scale + bias); scale a number or a [P, 1] tile, bias a [P, 1] tile. With
+    reduce_res, also its reduction (reduce_op, add by default) along the free axes."""
+    S = broadcast_shape(data, bias) if bias is not None else data.shape
+    out = _out(dst, S, _float_dtype(data, dtype))
+    e, r = _activation_expr(op, data, bias, scale)
+    emit(out, S, e, r, mask=mask)
+    if reduce_res is not None:
+        _reduce_free(reduce_res, S, op, data, bias, scale, reduce_op, mask)
+    return out
+
+
+def _reduce_free(res, S, op, data, bias, scale, reduce_op, mask):
+    e, r = _activation_expr(op, data, bias, scale)
+    axes = list(range(1, len(S)))
+    rop = _op_name(reduce_op, 2) if reduce_op is not None else "add"
+    reduce_into(res, S, axes, e, r, rop, keepdims=res.ndim == len(S), mask=mask)
+
+
+@_generations(4, tile_first_is_dst=True)
+def activation_reduce(op, data, reduce_op=None, reduce_res=None, bias=None, scale=1.0,
+                      mask=None, dtype=None, dst=None, **_):
+    """activation, and reduce_op (add) of its result along the free axes into reduce_res."""
+    if reduce_res is None:
+        fail("activation_reduce needs reduce_res (a [P, 1] tile)")
+    return activation(op, data, bias=bias, scale=scale, reduce_op=reduce_op,
+                      reduce_res=reduce_res, mask=mask, dtype=dtype, dst=dst)
+
+
+@_generations(3)
+def tensor_tensor(data1, data2, op, dtype=None, mask=None, engine=engine.unknown, dst=None, **_):
+    """data1 op data2, elementwise."""
+    S = broadcast_shape(data1, data2)
+    name = _op_name(op, 2)
+    compare = name in ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
+    dt = dtype or (np.uint8 if compare else _trace.promote(data1._buf.dtype, data2._buf.dtype))
+    out = _out(dst, S, dt)
+    e = Expr()
+    emit(out, S, e, e.op(name, e.src(data1), e.src(data2)), mask=mask)
+    return out
+
+
+def _scalar_step(e, x, op, operand, reverse):
+    if op is None:
+        return x
+    y = e.src(operand)
+    return e.op(_op_name(op, 2), *((y, x) if reverse else (x, y)))
+
+
+@_generations(3, two_tiles_is_dst=True)
+def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                  dtype=None, mask=None, engine=engine.unknown, dst=None, **_):
+    """(data op0 operand0) op1 operand1; operands are numbers or [P, 1] tiles (one value per
+    partition, broadcast along the free axes); reverse swaps an op's operands."""
+    S = data.shape
+    out = _out(dst, S, dtype or data.dtype)
+    e = Expr()
+    x = _scalar_step(e, e.src(data), op0, operand0, reverse0)
+    x = _scalar_step(e, x, op1, operand1, reverse1)
+    emit(out, S, e, x, mask=mask)
+    return out
+
+
+@_generations(5)
+def scalar_tensor_tensor(data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
+                         dtype=None, mask=None, engine=engine.unknown, dst=None, **_):
+    """(data op0 operand0) op1 operand1, operand1 a tile."""
+    S = broadcast_shape(data, operand1)
+    out = _out(dst, S, dtype or data.dtype)
+    e = Expr()
+    x = _scalar_step(e, e.src(data), op0, operand0, reverse0)
+    x = _scalar_step(e, x, op1, operand1, reverse1)
+    emit(out, S, e, x, mask=mask)
+    return out
+
+
+@_generations(3, tile_first_is_dst=True)
+def tensor_reduce(op, data, axis, negate=False, keepdims=False, mask=None, dtype=None,
+                  dst=None, **_):
+    """op over the free axes `axis` (negated with negate=True)."""
+    axes = nl._axes(data, axis)
+    shape = [1 if d in axes else s for d, s in enumerate(data.shape)] if keepdims else \
+        [s for d, s in enumerate(data.shape) if d not in axes]
+    out = _out(dst, shape, dtype or data.dtype)
+    keep = keepdims or (dst is not None and dst.ndim == data.ndim)
+    e = Expr()
+    reduce_into(out, data.shape, axes, e, e.src(data), _op_name(op, 2), keepdims=keep,
+                mask=mask, post_scale=-1.0 if negate else 1.0)
+    return out
+
+
+@_generations(2, tile_first_is_dst=True)
+def tensor_partition_reduce(op, data, mask=None, dtype=None, dst=None, **_):
+    """op across partitions: [P, F] -> [1, F]."""
+    shape = (1, *data.shape[1:])
+    out = _out(dst, shape, dtype or data.dtype)
+    e = Expr()
+    reduce_into(out, data.shape, [0], e, e.src(data), _op_name(op, 2), keepdims=True, mask=mask)
+    return out
+
+
+@_generations(1)
+def tensor_copy(src, mask=None, dtype=None, engine=engine.unknown, dst=None, **_):
+    """A copy of src (cast to dtype, or to dst's dtype)."""
+    out = _out(dst, src.shape, dtype or src.dtype)
+    _emit.copy_into(out, src, mask=mask)
+    return out
+
+
+@_generations(1)
+def reciprocal(data, dtype=None, mask=None, dst=None, **_):
+    out = _out(dst, data.shape, _float_dtype(data, dtype))
+    e = Expr()
+    emit(out, data.shape, e, e.op("reciprocal", e.src(data)), mask=mask)
+    return out
+
+
+@_generations(2, tile_first_is_dst=True)
+def iota(expr, dtype, mask=None, dst=None, **_):
+    """The values of an index expression (e.g. nl.arange(128)[:, None] * 4 + nl.arange(64)[None,
+    :]) as a tile."""
+    if isinstance(expr, (int, np.integer)):
+        expr = IndexExpr((1, 1), int(expr), (0, 0))
+    if not isinstance(expr, IndexExpr):
+        fail("nisa.iota takes an index expression (nl.arange / nl.mgrid arithmetic)")
+    out = _out(dst, expr.shape, dtype)
+    _emit.copy_into(out, expr, mask=mask)
+    return out
+
+
+@_generations(3)
+def affine_select(pred, on_true_tile, on_false_value, mask=None, dtype=None, dst=None, **_):
+    """on_true_tile where the affine condition `pred` (on index expressions) holds, else
+    on_false_value (e.g. a causal mask: nisa.affine_select(i_q >= i_k, scores, -9984.0))."""
+    if not isinstance(pred, Pred):
+        fail("nisa.affine_select takes a condition on index expressions as its predicate")
+    S = on_true_tile.shape
+    out = _out(dst, S, dtype or on_true_tile.dtype)
+    _emit.copy_into(out, on_true_tile, mask=mask)
+    for c, k in pred.ineqs:  # where any condition fails, the false value
+        neg = Pred(pred.shape, [(-c - 1, [-x for x in k])])
+        _emit.copy_into(out, on_false_value, mask=neg if mask is None else (neg & mask))
+    return out
+
+
+@_generations(3, tile_first_is_dst=True)
+def memset(shape, value=None, dtype=None, mask=None, dst=None, **_):
+    """A tile of `shape` filled with value (0.x: memset(dst, value))."""
+    if dst is not None and value is None:
+        shape, value = dst.shape, shape
+    out = _out(dst, shape, dtype)
+    _emit.copy_into(out, value, mask=mask)
+    return out
+
+
+# --- statistics --------------------------------------------------------------------------------
+
+@_generations(1)
+def bn_stats(data, mask=None, dtype=None, dst=None, **_):
+    """Per-partition statistics of a [P, F] tile (F <= nl.tile_size.bn_stats_fmax) in the
+    6-element form nisa.bn_aggr combines: (count, mean, count * variance, 0, 0, 0)."""
+    if data.ndim != 2:
+        fail(f"bn_stats takes a 2-D tile, got {list(data.shape)}")
+    p, f = data.shape
+    if f > _trace.BN_STATS_FMAX:
+        fail(f"bn_stats free size {f} exceeds nl.tile_size.bn_stats_fmax ({_trace.BN_STATS_FMAX})"
+             f"; compute stats per chunk and combine them with nisa.bn_aggr")
+    out = _out(dst, (p, 6), dtype or "float32")
+    _emit.copy_into(out[:, 0:1], float(f))
+    _emit.copy_into(out[:, 3:6], 0.0)
+    e = Expr()
+    reduce_into(out[:, 1:2], data.shape, [1], e, e.src(data), "add", keepdims=True, mask=mask,
+                post_scale=1.0 / f)
+    e = Expr()
+    d = e.op("subtract", e.src(data), e.src(out[:, 1:2]))
+    reduce_into(out[:, 2:3], data.shape, [1], e, e.op("square", d), "add", keepdims=True,
+                mask=mask)
+    return out
+
+
+@_generations(1)
+def bn_aggr(data, mask=None, dtype=None, dst=None, **_):
+    """Combines bn_stats results [P, 6k] into [P, 2]: (mean, variance)."""
+    p, w = data.shape
+    if w % 6:
+        fail(f"bn_aggr takes bn_stats results ([P, 6 * k]), got {list(data.shape)}")
+    k = w // 6
+    out = _out(dst, (p, 2), dtype or "float32")
+    n = NkiTensor(data._buf, data.offset, (p, k), (data.strides[0], 6 * data.strides[1]))
+    m = NkiTensor(data._buf, data.offset + data.strides[1], (p, k), n.strides)
+    m2 = NkiTensor(data._buf, data.offset + 2 * data.strides[1], (p, k), n.strides)
+    total = new_buffer((p, 1), "float32", "sbuf")
+    e = Expr()
+    reduce_into(total, (p, k), [1], e, e.src(n), "add", keepdims=True)
+    weighted = new_buffer((p, 1), "float32", "sbuf")
+    e = Expr()
+    reduce_into(weighted, (p, k), [1], e, e.op("multiply", e.src(n), e.src(m)), "add",
+                keepdims=True)
+    e = Expr()
+    emit(out[:, 0:1], (p, 1), e, e.op("divide", e.src(weighted), e.src(total)))
+    e = Expr()
+    dev = e.op("subtract", e.src(m), e.src(out[:, 0:1]))
+    spread = e.op("add", e.src(m2), e.op("multiply", e.src(n), e.op("square", dev)))
+    reduce_into(weighted, (p, k), [1], e, spread, "add", keepdims=True)
+    e = Expr()
+    emit(out[:, 1:2], (p, 1), e, e.op("divide", e.src(weighted), e.src(total)))
+    return out
+
+
+# --- data movement and randomness --------------------------------------------------------------
+
+def dma_copy(dst, src, mask=None, dge_mode=None, **_):
+    """dst <- src between any of HBM, SBUF and PSUM (shapes match; dtypes convert)."""
+    if tuple(dst.shape) != tuple(src.shape):
+        if int(np.prod(dst.shape)) != int(np.prod(src.shape)):
+            fail(f"dma_copy shapes differ: dst {list(dst.shape)}, src {list(src.shape)}")
+        if src._buf.kind == "hbm":
+            src = src.reshape(dst.shape)
+        elif dst._buf.kind == "hbm":
+            dst = dst.reshape(src.shape)
+        else:
+            fail(f"dma_copy shapes differ: dst {list(dst.shape)}, src {list(src.shape)}")
+    _emit.copy_into(dst, src, mask=mask, allow_hbm=True)
+
+
+@_generations(2)
+def dropout(data, prob, mask=None, dtype=None, dst=None, **_):
+    """Zeroes each element with probability prob (a number or a [P, 1] tile)."""
+    return nl._dropout(data, prob, dtype, mask, out=dst)

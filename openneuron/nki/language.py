@@ -1,0 +1,442 @@
+"""openneuron.nki.language (`nl`): the NKI language as publicly documented (neuronxcc.nki.language
+of Beta 1, and what nki.language of 0.x shares with it). Tiles are values: each call records
+instructions into the kernel being traced (_trace.py) and returns a new tile; nothing here runs
+at launch time. Limits (partition dimension, SBUF/PSUM capacity, matmul shapes, dtypes) are
+checked as each call is recorded, with errors naming the kernel's line."""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from openneuron.nki import _emit, _trace
+from openneuron.nki._emit import Expr, broadcast_shape, emit, new_buffer, reduce_into
+from openneuron.nki._tensor import (  # noqa: F401  (the public names)
+    BFLOAT16,
+    HBM,
+    PRIVATE_HBM,
+    PSUM,
+    SBUF,
+    SHARED_HBM,
+    DTypeConst,
+    DynSlice,
+    IndexExpr,
+    NkiTensor,
+    Pred,
+    arange,
+    mgrid,
+)
+from openneuron.nki._trace import fail
+
+# dtypes (numpy's where numpy has them, as NKI accepts either)
+float32 = np.float32
+float16 = np.float16
+bfloat16 = BFLOAT16
+tfloat32 = DTypeConst("tfloat32")
+float8_e4m3 = DTypeConst("float8_e4m3")
+float8_e5m2 = DTypeConst("float8_e5m2")
+int32 = np.int32
+int16 = np.int16
+int8 = np.int8
+uint32 = np.uint32
+uint16 = np.uint16
+uint8 = np.uint8
+bool_ = np.bool_
+
+# memory
+sbuf = SBUF
+psum = PSUM
+hbm = HBM
+shared_hbm = SHARED_HBM
+private_hbm = PRIVATE_HBM
+
+
+class tile_size:
+    """Hardware tile-size constants."""
+
+    pmax = _trace.PMAX
+    psum_fmax = _trace.PSUM_FMAX
+    gemm_stationary_fmax = _trace.GEMM_STATIONARY_FMAX
+    gemm_moving_fmax = _trace.GEMM_MOVING_FMAX
+    bn_stats_fmax = _trace.BN_STATS_FMAX
+    psum_min_align = 4
+    sbuf_min_align = 1
+    total_available_sbuf_size = _trace.SBUF_PARTITION_BYTES
+
+
+class par_dim(int):
+    """Marks the partition dimension in a shape: nl.ndarray((nl.par_dim(128), 512), ...)."""
+
+
+def ds(start, size, step=1) -> DynSlice:
+    return DynSlice(start, size, step)
+
+
+# --- SPMD and loops ----------------------------------------------------------------------------
+
+def program_id(axis=0) -> int:
+    t = _trace.current()
+    if not 0 <= axis < builtins.max(1, len(t.grid)):
+        fail(f"program_id({axis}) of a launch grid {list(t.grid)}")
+    return t.program_ids[axis] if t.program_ids else 0
+
+
+def num_programs(axes=None):
+    t = _trace.current()
+    grid = t.grid or (1,)
+    if axes is None:
+        return int(np.prod(grid))
+    if isinstance(axes, (tuple, list)):
+        return tuple(grid[a] for a in axes)
+    return grid[axes]
+
+
+def program_ndim() -> int:
+    return len(_trace.current().grid)
+
+
+def affine_range(start, stop=None, step=1, **_):
+    """Iterations without loop-carried dependencies (unrolled when traced)."""
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+sequential_range = affine_range
+static_range = affine_range
+
+
+# --- creation ----------------------------------------------------------------------------------
+
+def _shape(shape):
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    return tuple(int(s) for s in shape)
+
+
+def ndarray(shape, dtype, buffer=None, name="", **_):
+    """An uninitialized tensor: an SBUF/PSUM tile or, with buffer=nl.shared_hbm/nl.hbm, an HBM
+    tensor (a kernel's output when returned). Uninitialized elements read as NaN."""
+    kind = _tensor_kind(buffer)
+    return new_buffer(_shape(shape), _trace.dtype_name(dtype), kind,
+                      "hbm" if kind == "hbm" else "tile")
+
+
+def _tensor_kind(buffer):
+    from openneuron.nki._tensor import buffer_kind
+    return buffer_kind(buffer)
+
+
+def empty(shape, dtype, buffer=None, name="", **_):
+    return ndarray(shape, dtype, buffer, name)
+
+
+def full(shape, fill_value, dtype, buffer=None, name="", **_):
+    t = ndarray(shape, dtype, buffer, name)
+    _emit.copy_into(t, fill_value, allow_hbm=True)
+    return t
+
+
+def zeros(shape, dtype, buffer=None, name="", **_):
+    return full(shape, 0.0, dtype, buffer, name)
+
+
+def ones(shape, dtype, buffer=None, name="", **_):
+    return full(shape, 1.0, dtype, buffer, name)
+
+
+def empty_like(a, dtype=None, buffer=None, name="", **_):
+    return ndarray(a.shape, dtype or a.dtype, buffer if buffer is not None else a.buffer, name)
+
+
+def zeros_like(a, dtype=None, buffer=None, name="", **_):
+    return zeros(a.shape, dtype or a.dtype, buffer if buffer is not None else a.buffer, name)
+
+
+def ones_like(a, dtype=None, buffer=None, name="", **_):
+    return ones(a.shape, dtype or a.dtype, buffer if buffer is not None else a.buffer, name)
+
+
+def full_like(a, fill_value, dtype=None, buffer=None, name="", **_):
+    return full(a.shape, fill_value, dtype or a.dtype, buffer if buffer is not None else a.buffer)
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+def load(src, mask=None, dtype=None, **_):
+    """HBM -> a new SBUF tile of the view's shape (partition dimension first)."""
+    if not isinstance(src, NkiTensor):
+        fail(f"nl.load takes an HBM tensor (or a view of one), got {type(src).__name__}")
+    dt = _trace.dtype_name(dtype) if dtype is not None else src._buf.dtype
+    out = new_buffer(src.shape, dt, "sbuf")
+    _emit.copy_into(out, src, mask=mask, allow_hbm=True)
+    return out
+
+
+def store(dst, value, mask=None, **_):
+    """A tile (SBUF, or PSUM through a copy) -> HBM."""
+    if not isinstance(dst, NkiTensor) or dst._buf.kind != "hbm":
+        fail("nl.store writes an HBM tensor: nl.store(out_tensor[...], value=tile)")
+    if isinstance(value, NkiTensor) and value._buf.kind == "hbm":
+        fail("nl.store takes an on-chip tile as value; HBM to HBM is nisa.dma_copy")
+    _emit.copy_into(dst, value, mask=mask, allow_hbm=True)
+
+
+def load_transpose2d(src, mask=None, dtype=None, **_):
+    """HBM [F, P] -> SBUF tile [P, F] (the DMA transposes)."""
+    if src.ndim != 2:
+        fail("nl.load_transpose2d takes a 2-D view")
+    view = NkiTensor(src._buf, src.offset, src.shape[::-1], src.strides[::-1])
+    return load(view, mask=mask, dtype=dtype)
+
+
+def copy(src, mask=None, dtype=None, buffer=None, **_):
+    """A new tile with src's values (cast to dtype)."""
+    dt = _trace.dtype_name(dtype) if dtype is not None else _value_dtype(src)
+    out = new_buffer(_emit.shape_of(src), dt, _tensor_kind(buffer))
+    _emit.copy_into(out, src, mask=mask)
+    return out
+
+
+def broadcast_to(src, shape, **_):
+    """A tile of `shape` with src broadcast along size-1 axes (the partition axis included)."""
+    out = new_buffer(_shape(shape), _value_dtype(src), "sbuf")
+    _emit.copy_into(out, src)
+    return out
+
+
+def transpose(x, mask=None, dtype=None, **_):
+    """[P, F] -> [F, P] (F <= 128: it becomes the partition dimension)."""
+    if x.ndim != 2:
+        fail(f"nl.transpose takes a 2-D tile, got {list(x.shape)}")
+    p, f = x.shape
+    if f > _trace.PMAX:
+        fail(f"nl.transpose of {list(x.shape)}: the free size {f} becomes the partition "
+             f"dimension and exceeds {_trace.PMAX}")
+    dt = _trace.dtype_name(dtype) if dtype is not None else x._buf.dtype
+    out = new_buffer((f, p), dt, "sbuf")
+    view = NkiTensor(x._buf, x.offset, (f, p), x.strides[::-1])
+    _emit.copy_into(out, view, mask=mask)
+    return out
+
+
+# --- elementwise -------------------------------------------------------------------------------
+
+def _value_dtype(x) -> str:
+    if isinstance(x, NkiTensor):
+        return x._buf.dtype
+    if isinstance(x, IndexExpr):
+        return "int32"
+    if isinstance(x, (bool, np.bool_)):
+        return "uint8"
+    if isinstance(x, (int, np.integer)):
+        return "int32"
+    return "float32"
+
+
+def _result_dtype(xs, dtype, kind):
+    if dtype is not None:
+        return _trace.dtype_name(dtype)
+    if kind == "compare":
+        return "uint8"
+    tiles = [_value_dtype(x) for x in xs if isinstance(x, NkiTensor)]
+    scalars = [_value_dtype(x) for x in xs if not isinstance(x, NkiTensor)]
+    dt = tiles[0] if tiles else "float32"
+    for d in tiles[1:]:
+        dt = _trace.promote(dt, d)
+    if not _trace.is_float(dt) and builtins.any(_trace.is_float(d) for d in scalars):
+        dt = "float32"
+    if kind == "float" and not _trace.is_float(dt):
+        dt = "float32"
+    return dt
+
+
+def _check_operand(x, name):
+    if isinstance(x, (NkiTensor, IndexExpr, int, float, bool, np.number)):
+        return
+    fail(f"nl.{name}: unsupported operand {type(x).__name__}")
+
+
+def _make(name, arity, kind="same"):
+    def fn(*args, dtype=None, mask=None, buffer=None, **_):
+        if len(args) != arity:
+            fail(f"nl.{name} takes {arity} operand(s), got {len(args)}")
+        for a in args:
+            _check_operand(a, name)
+        S = broadcast_shape(*args)
+        out = new_buffer(S, _result_dtype(args, dtype, kind), _tensor_kind(buffer))
+        e = Expr()
+        r = e.op(name, *[e.src(a) for a in args])
+        emit(out, S, e, r, mask=mask)
+        return out
+
+    fn.__name__ = name
+    fn._nki_op = name
+    fn.__doc__ = f"Elementwise {name} (float32 compute, rounded to the result dtype)."
+    return fn
+
+
+exp = _make("exp", 1, "float")
+log = _make("log", 1, "float")
+tanh = _make("tanh", 1, "float")
+sqrt = _make("sqrt", 1, "float")
+rsqrt = _make("rsqrt", 1, "float")
+reciprocal = _make("reciprocal", 1, "float")
+sigmoid = _make("sigmoid", 1, "float")
+relu = _make("relu", 1)
+gelu = _make("gelu", 1, "float")
+gelu_apprx_tanh = _make("gelu_apprx_tanh", 1, "float")
+silu = _make("silu", 1, "float")
+softplus = _make("softplus", 1, "float")
+mish = _make("mish", 1, "float")
+sin = _make("sin", 1, "float")
+cos = _make("cos", 1, "float")
+erf = _make("erf", 1, "float")
+square = _make("square", 1)
+abs = _make("abs", 1)
+negative = _make("neg", 1)
+sign = _make("sign", 1)
+floor = _make("floor", 1)
+ceil = _make("ceil", 1)
+trunc = _make("trunc", 1)
+logical_not = _make("logical_not", 1, "compare")
+add = _make("add", 2)
+subtract = _make("subtract", 2)
+multiply = _make("multiply", 2)
+divide = _make("divide", 2, "float")
+maximum = _make("maximum", 2)
+minimum = _make("minimum", 2)
+power = _make("power", 2, "float")
+mod = fmod = _make("mod", 2)
+equal = _make("equal", 2, "compare")
+not_equal = _make("not_equal", 2, "compare")
+less = _make("less", 2, "compare")
+less_equal = _make("less_equal", 2, "compare")
+greater = _make("greater", 2, "compare")
+greater_equal = _make("greater_equal", 2, "compare")
+logical_and = _make("logical_and", 2, "compare")
+logical_or = _make("logical_or", 2, "compare")
+logical_xor = _make("logical_xor", 2, "compare")
+bitwise_and = _make("bitwise_and", 2)
+bitwise_or = _make("bitwise_or", 2)
+bitwise_xor = _make("bitwise_xor", 2)
+negative._nki_op = "neg"
+identity = _make("copy", 1)
+
+
+def where(condition, x, y, dtype=None, mask=None, **_):
+    """x where condition is nonzero, else y."""
+    S = broadcast_shape(condition, x, y)
+    out = new_buffer(S, _result_dtype((x, y), dtype, "same"), "sbuf")
+    e = Expr()
+    r = e.op("select", e.src(condition), e.src(x), e.src(y))
+    emit(out, S, e, r, mask=mask)
+    return out
+
+
+def dropout(x, rate, dtype=None, mask=None, **_):
+    """Zeroes each element with probability `rate` (a new mask on every launch)."""
+    return _dropout(x, rate, dtype, mask)
+
+
+def _dropout(x, rate, dtype, mask, out=None):
+    S = x.shape
+    if out is None:
+        out = new_buffer(S, _result_dtype((x,), dtype, "same"), "sbuf")
+    lin = IndexExpr(S, 0, [int(np.prod(S[d + 1:], dtype=np.int64)) for d in range(len(S))])
+    e = Expr()
+    r = e.op("dropout", e.src(x), e.src(lin), e.src(rate))
+    emit(out, S, e, r, mask=mask)
+    return out
+
+
+# --- reductions over free axes -----------------------------------------------------------------
+
+def _axes(x, axis):
+    axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    axes = [int(a) % x.ndim for a in axes]
+    if 0 in axes:
+        fail("reductions run along free axes only (axis 0 is the partition axis); transpose "
+             "first (nl.transpose) or use nisa.tensor_partition_reduce")
+    return axes
+
+
+def _reduce(name, op, x, axis, dtype, mask, keepdims, scale=None):
+    if not isinstance(x, NkiTensor):
+        fail(f"nl.{name} takes a tile")
+    axes = _axes(x, axis)
+    shape = [1 if d in axes else s for d, s in enumerate(x.shape)] if keepdims else \
+        [s for d, s in enumerate(x.shape) if d not in axes]
+    dt = _trace.dtype_name(dtype) if dtype is not None else x._buf.dtype
+    out = new_buffer(shape, dt, "sbuf")
+    e = Expr()
+    n = int(np.prod([x.shape[a] for a in axes]))
+    reduce_into(out, x.shape, axes, e, e.src(x), op, keepdims=keepdims, mask=mask,
+                post_scale=(1.0 / n if scale == "mean" else 1.0))
+    return out
+
+
+def sum(x, axis, dtype=None, mask=None, keepdims=False, **_):
+    return _reduce("sum", "add", x, axis, dtype, mask, keepdims)
+
+
+def prod(x, axis, dtype=None, mask=None, keepdims=False, **_):
+    return _reduce("prod", "multiply", x, axis, dtype, mask, keepdims)
+
+
+def max(x, axis, dtype=None, mask=None, keepdims=False, **_):
+    return _reduce("max", "maximum", x, axis, dtype, mask, keepdims)
+
+
+def min(x, axis, dtype=None, mask=None, keepdims=False, **_):
+    return _reduce("min", "minimum", x, axis, dtype, mask, keepdims)
+
+
+def mean(x, axis, dtype=None, mask=None, keepdims=False, **_):
+    return _reduce("mean", "add", x, axis, dtype, mask, keepdims, scale="mean")
+
+
+def all(x, axis, dtype=None, mask=None, keepdims=False, **_):
+    return _reduce("all", "minimum", not_equal(x, 0), axis, dtype, mask, keepdims)
+
+
+def any(x, axis, dtype=None, mask=None, keepdims=False, **_):
+    return _reduce("any", "maximum", not_equal(x, 0), axis, dtype, mask, keepdims)
+
+
+def softmax(x, axis, dtype=None, mask=None, **_):
+    """exp(x - max) / sum(exp(x - max)) along free axes."""
+    m = max(x, axis, keepdims=True, mask=mask, dtype=float32)
+    e = exp(subtract(x, m, dtype=float32, mask=mask), mask=mask)
+    s = sum(e, axis, keepdims=True, mask=mask)
+    return divide(e, s, dtype=dtype or x.dtype, mask=mask)
+
+
+# --- matmul ------------------------------------------------------------------------------------
+
+def matmul(x, y, transpose_x=False, mask=None, **_):
+    """x @ y into a new float32 PSUM tile. x is [M, K] (or, with transpose_x=True, [K, M]:
+    the Tensor Engine's stationary layout); y is [K, N]; K, M <= 128, N <= 512. Accumulate
+    K tiles with `psum_tile += nl.matmul(...)`."""
+    if not isinstance(x, NkiTensor) or not isinstance(y, NkiTensor) or x.ndim != 2 or y.ndim != 2:
+        fail("nl.matmul takes two 2-D tiles")
+    stationary = x if transpose_x else NkiTensor(x._buf, x.offset, x.shape[::-1], x.strides[::-1])
+    out = new_buffer((stationary.shape[1], y.shape[1]), "float32", "psum")
+    _emit.emit_matmul(out, stationary, y, accumulate=False)
+    return out
+
+
+# --- debugging ---------------------------------------------------------------------------------
+
+_printed = set()
+
+
+def device_print(prefix, x, **_):
+    """Not available: the executor does not call back into Python. Warns once per line."""
+    import warnings
+
+    where = _trace.user_line()
+    if where not in _printed:
+        _printed.add(where)
+        warnings.warn(f"{where}: nl.device_print is not supported by the neuron NKI executor "
+                      "(kernels run in C++); return the tile as an output to inspect it",
+                      stacklevel=2)
