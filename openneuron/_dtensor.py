@@ -1,5 +1,11 @@
 """DTensor sharding rules for the ops neuron dispatches to that DTensor does not know.
 
+The native kernels' ops (openneuron::rms_norm_* and cross_entropy_*) reach DTensor when a
+TorchDispatchMode is active (selective activation checkpointing, as torchtitan applies it, and
+tracing): DTensors without a mode take the ATen composite (csrc/aten/ops/native_kernels.h). Their
+rules: rms_norm sharded over any dimension it does not normalize (the weight's gradient then a
+partial sum), cross-entropy replicated or, unreduced, sharded over rows.
+
 `F.scaled_dot_product_attention` on neuron runs `_scaled_dot_product_fused_attention_overrideable`
 (the PrivateUse1 SDPA op, csrc/aten/ops/native_attention.cpp); DTensor has rules for CUDA's
 flash / efficient / cuDNN ops only, so attention on DTensors (tensor parallelism with
@@ -25,7 +31,7 @@ def register() -> None:
         expand_to_full_mesh_op_strategy,
         register_op_strategy,
     )
-    from torch.distributed.tensor.placement_types import Replicate, Shard
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 
     aten = torch.ops.aten
 
@@ -74,3 +80,54 @@ def register() -> None:
                     row.append(p if i in sharded else Replicate())
             strategies.append(row)
         return expand_to_full_mesh_op_strategy(mesh, op_schema, strategies, input_index=4)
+
+    neuron = torch.ops.openneuron
+
+    @register_op_strategy(neuron.rms_norm_forward.default, schema_info=RuntimeSchemaInfo(1))
+    def rms_forward(op_schema):
+        mesh = op_schema.get_mesh_from_args()
+        x, k, weight = op_schema.args_schema[:3]
+        rows = x.strategies[0].output_spec.ndim - k
+        strategies = []
+        for p in (Replicate(), *(Shard(d) for d in range(rows))):
+            row = [p, p, p]  # out, rstd; input
+            if isinstance(weight, OpStrategy):
+                row.append(Replicate())
+            strategies.append(row)
+        return expand_to_full_mesh_op_strategy(mesh, op_schema, strategies, input_index=2)
+
+    @register_op_strategy(neuron.rms_norm_backward.default, schema_info=RuntimeSchemaInfo(4))
+    def rms_backward(op_schema):
+        mesh = op_schema.get_mesh_from_args(validate=False)
+        grad, x, rstd, weight, k = op_schema.args_schema[:5]
+        mask = op_schema.args_schema[5]
+        has_weight = isinstance(weight, OpStrategy)
+        rows = x.strategies[0].output_spec.ndim - k
+        strategies = []
+        for p in (Replicate(), *(Shard(d) for d in range(rows))):
+            dw = (Replicate() if isinstance(p, Replicate) else Partial()) \
+                if has_weight and mask[1] else None
+            row = [p if mask[0] else None, dw, p, p, p]  # grad_input, grad_weight; grad, x, rstd
+            if has_weight:
+                row.append(Replicate())
+            strategies.append(row)
+        return expand_to_full_mesh_op_strategy(mesh, op_schema, strategies, input_index=2)
+
+    @register_op_strategy(neuron.cross_entropy_forward.default, schema_info=RuntimeSchemaInfo(2))
+    def ce_forward(op_schema):
+        mesh = op_schema.get_mesh_from_args()
+        reduction = op_schema.args_schema[2]
+        strategies = [[Replicate()] * 4]  # out, lse; logits, target
+        if reduction == 0:
+            strategies.append([Shard(0)] * 4)
+        return expand_to_full_mesh_op_strategy(mesh, op_schema, strategies, input_index=2)
+
+    @register_op_strategy(neuron.cross_entropy_backward.default,
+                          schema_info=RuntimeSchemaInfo(4))
+    def ce_backward(op_schema):
+        mesh = op_schema.get_mesh_from_args(validate=False)
+        reduction = op_schema.args_schema[4]
+        strategies = [[Replicate()] * 5]  # grad_logits; grad, logits, target, lse
+        if reduction == 0:
+            strategies.append([Shard(0)] * 5)
+        return expand_to_full_mesh_op_strategy(mesh, op_schema, strategies, input_index=1)

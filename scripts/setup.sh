@@ -27,10 +27,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # NOTE: torch is pinned; an unpinned torch would pull a multi-GB CUDA build. transformers is
   # pinned too (5.25 needs a `kernels` release PyPI mirrors here lack); tests build tiny HF models.
   # accelerate and peft: the versions tested with transformers 5.20.0 and torch 2.13.0
-  # (tests/python/test_huggingface_stack.py); neither makes pip touch torch.
+  # (tests/python/test_huggingface_stack.py); neither makes pip touch torch. torchtitan 0.3.0:
+  # tests/python/test_torchtitan.py (torch stays pinned in the same command).
   .venv/bin/pip install -q --disable-pip-version-check \
     torch==2.13.0 setuptools wheel pytest pytest-xdist numpy expecttest hypothesis \
-    transformers==5.20.0 accelerate==1.15.0 peft==0.21.2
+    transformers==5.20.0 accelerate==1.15.0 peft==0.21.2 torchtitan==0.3.0
+  # NOTE: torchtitan imports triton unconditionally; triton goes into a folder of its own that
+  # only the torchtitan runs put on PYTHONPATH (Inductor elsewhere never sees it).
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --upgrade \
+    --target .venv/torchtitan-site triton==3.9.0
   .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
   echo "$want" >"$stamp"
 fi
