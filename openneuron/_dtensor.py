@@ -99,7 +99,7 @@ def register() -> None:
     @register_op_strategy(neuron.rms_norm_backward.default, schema_info=RuntimeSchemaInfo(4))
     def rms_backward(op_schema):
         mesh = op_schema.get_mesh_from_args(validate=False)
-        grad, x, rstd, weight, k = op_schema.args_schema[:5]
+        _, x, _, weight, k = op_schema.args_schema[:5]
         mask = op_schema.args_schema[5]
         has_weight = isinstance(weight, OpStrategy)
         rows = x.strategies[0].output_spec.ndim - k

@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from dist_util import REPO, assert_ok, run_torchrun
 
 SITE = REPO / ".venv" / "torchtitan-site"
@@ -35,9 +34,8 @@ def assets(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("torchtitan_assets")
     stories = [s.strip() for s in TEXT.read_text().split("\n\n") if s.strip()]
     (root / "c4_test").mkdir()
-    with open(root / "c4_test" / "data.json", "w") as f:
-        for s in stories:
-            f.write(json.dumps({"text": s}) + "\n")
+    (root / "c4_test" / "data.json").write_text(
+        "".join(json.dumps({"text": s}) + "\n" for s in stories))
     bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
