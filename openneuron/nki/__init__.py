@@ -115,7 +115,9 @@ def alias():
 
 
 def custom_op(name, kernel, *, mutates_args=(), num_outputs=1, grid=None):
-    """A torch.library custom op `name` ("namespace::op") running `kernel`; see _torch.py."""
+    """A torch.library custom op `name` ("namespace::op") running `kernel`: schema from the
+    kernel's parameters, fake implementation from its trace, `register_autograd` on the result.
+    grid: a launch grid, or a callable giving one from the arguments. See _torch.py."""
     from openneuron.nki._torch import custom_op as make
     return make(name, kernel, mutates_args=mutates_args, num_outputs=num_outputs, grid=grid)
 

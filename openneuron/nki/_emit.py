@@ -60,8 +60,11 @@ def new_buffer(shape, dtype: str, kind: str, role: str = "tile") -> NkiTensor:
 def _bind(view: NkiTensor, S, space_dims):
     """Strides of view over the iteration axes. NOTE: tiles align on the partition axis (NKI's
     rule): a [P] or [P, 1] tile broadcasts along the free axes of [P, F]."""
-    if view.ndim > len(S):
-        fail(f"operand of shape {list(view.shape)} does not broadcast to {list(S)}")
+    if view.ndim > len(S):  # trailing unit axes: a [P, 1] value into a [P] destination
+        if any(n != 1 for n in view.shape[len(S):]):
+            fail(f"operand of shape {list(view.shape)} does not broadcast to {list(S)}")
+        view = NkiTensor(view._buf, view.offset, view.shape[:len(S)], view.strides[:len(S)],
+                         [(c, k[:len(S)], n, a) for c, k, n, a in view.checks])
     strides, live = [], []
     for s in space_dims:
         j = s
@@ -251,9 +254,10 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
     return t.add(instr)
 
 
-def emit_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, accumulate: bool):
-    """dst[M, N] (+)= stationary[K, M]^T @ moving[K, N]: the Tensor Engine's layout."""
-    t = _trace.current()
+def check_matmul(stationary: NkiTensor, moving: NkiTensor):
+    """The Tensor Engine's layout and dtype rules (before the result tile is allocated)."""
+    if stationary.ndim != 2 or moving.ndim != 2:
+        fail(f"matmul takes 2-D tiles, got {list(stationary.shape)} and {list(moving.shape)}")
     K, M = stationary.shape
     K2, N = moving.shape
     if K != K2:
@@ -278,6 +282,15 @@ def emit_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, accumu
     if (a == "float32") != (b == "float32"):
         fail(f"matmul operands {a} and {b}: a float32 matmul needs both operands float32 "
              f"(cast the other with nl.copy(x, dtype=...))")
+
+
+def emit_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, accumulate: bool):
+    """dst[M, N] (+)= stationary[K, M]^T @ moving[K, N]: the Tensor Engine's layout."""
+    t = _trace.current()
+    check_matmul(stationary, moving)
+    K, M = stationary.shape
+    N = moving.shape[1]
+    a, b = stationary._buf.dtype, moving._buf.dtype
     if dst._buf.kind != "psum" or dst._buf.dtype != "float32":
         fail(f"matmul writes a float32 PSUM tile, got {dst._buf.dtype} in {dst._buf.kind}")
     if tuple(dst.shape) != (M, N):

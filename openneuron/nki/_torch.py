@@ -2,7 +2,8 @@
 become Tensors; int/float/bool defaults stay constants), its implementation a launch (queued on
 the neuron stream for neuron tensors), its fake implementation the trace's output shapes and
 dtypes (no data touched), so torch.compile keeps it as one node. The returned op takes
-register_autograd like any torch.library.custom_op."""
+register_autograd like any torch.library.custom_op. grid: a launch grid, or a callable giving
+one from the call's arguments."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ def custom_op(name, kernel, *, mutates_args=(), num_outputs=1, grid=None):
     import torch
 
     k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
-    if grid is not None:
+    if grid is not None and not callable(grid):
         k = k[grid]
+
+    def bound(args):  # grid=callable: the launch grid from the arguments, e.g. batch * heads
+        return k[grid(*args)] if callable(grid) else k
+
     sig = inspect.signature(k.func)
     params = []
     for p in sig.parameters.values():
@@ -47,14 +52,14 @@ def custom_op(name, kernel, *, mutates_args=(), num_outputs=1, grid=None):
         return tuple(out) if isinstance(out, list) else out
 
     def impl(*args, **kwargs):
-        return check(k(*args, **kwargs))
+        return check(bound(args)(*args, **kwargs))
 
     impl.__signature__ = sig.replace(parameters=params, return_annotation=ret)
     impl.__name__ = k.__name__
     op = torch.library.custom_op(name, impl, mutates_args=mutates_args)
 
     def fake(*args, **kwargs):
-        traced = k.specialize(*args, **kwargs)
+        traced = bound(args).specialize(*args, **kwargs)
         like = next(a for a in args if _is_tensor(a))
         outs = []
         for (shape, dt), src in zip(traced.out_specs, traced.input_outputs):

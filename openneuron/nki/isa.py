@@ -60,6 +60,10 @@ _NUMPY_OPS = {"true_divide": "divide", "absolute": "abs", "negative": "neg", "fm
               "remainder": "mod", "copy": "copy", "positive": "copy"}
 
 
+_REDUCE_NAMES = {"max": "maximum", "amax": "maximum", "min": "minimum", "amin": "minimum",
+                 "sum": "add", "prod": "multiply"}
+
+
 def _op_name(op, arity=None) -> str:
     name = getattr(op, "_nki_op", None)
     if name is None and isinstance(op, np.ufunc):
@@ -68,6 +72,8 @@ def _op_name(op, arity=None) -> str:
         name = op
     if name is None and op is nl.copy:
         name = "copy"
+    if name is None and callable(op):  # reductions named as functions: nl.max, np.sum, ...
+        name = _REDUCE_NAMES.get(getattr(op, "__name__", ""))
     if name not in _trace.ARITY or (arity is not None and _trace.ARITY[name] != arity):
         fail(f"unsupported {'' if arity is None else ('unary ' if arity == 1 else 'binary ')}"
              f"operator {getattr(op, '__name__', op)!r}")
@@ -115,6 +121,7 @@ def nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezero
     """stationary[K, M]^T @ moving[K, N] -> PSUM [M, N] float32. With dst (0.x), accumulate=None
     accumulates onto a matmul result the destination holds that nothing has read yet (a K loop
     into one PSUM tile), True always, False never."""
+    _emit.check_matmul(stationary, moving)
     out = _out(dst, (stationary.shape[1], moving.shape[1]), "float32", "psum")
     acc = accumulate
     if acc is None:

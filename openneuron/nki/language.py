@@ -420,6 +420,7 @@ def matmul(x, y, transpose_x=False, mask=None, **_):
     if not isinstance(x, NkiTensor) or not isinstance(y, NkiTensor) or x.ndim != 2 or y.ndim != 2:
         fail("nl.matmul takes two 2-D tiles")
     stationary = x if transpose_x else NkiTensor(x._buf, x.offset, x.shape[::-1], x.strides[::-1])
+    _emit.check_matmul(stationary, y)
     out = new_buffer((stationary.shape[1], y.shape[1]), "float32", "psum")
     _emit.emit_matmul(out, stationary, y, accumulate=False)
     return out

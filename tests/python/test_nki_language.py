@@ -1,0 +1,441 @@
+# openneuron.nki.language (Beta 1 `nl`) against numpy references: every call on numpy arrays
+# (the simulator's interface), masks, index expressions, grids, broadcasting along the partition
+# axis, PSUM accumulation, dtypes, and each hardware limit as an error naming the kernel's line.
+# Device launches (neuron tensors), custom ops and torch.compile are test_nki_torch.py.
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import openneuron.nki.language as nl
+from openneuron import nki
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape, dtype=np.float32, lo=-2.0, hi=2.0):
+    return RNG.uniform(lo, hi, size=shape).astype(dtype)
+
+
+def line_of(func, marker):
+    """The source line of `func` holding `marker` (what an error must name)."""
+    import inspect
+
+    src, start = inspect.getsourcelines(func)
+    for i, text in enumerate(src):
+        if marker in text:
+            return start + i
+    raise AssertionError(marker)
+
+
+def unary_kernel(name):
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, getattr(nl, name)(nl.load(a)))
+        return out
+    return k
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+UNARY = {
+    "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1 / np.sqrt(x), "reciprocal": lambda x: 1 / x,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "relu": lambda x: np.maximum(x, 0),
+    "gelu": _gelu, "silu": lambda x: x / (1 + np.exp(-x)), "square": np.square,
+    "abs": np.abs, "negative": np.negative, "sin": np.sin, "cos": np.cos, "sign": np.sign,
+    "floor": np.floor, "ceil": np.ceil,
+    "gelu_apprx_tanh": lambda x: 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x**3))),
+    "softplus": lambda x: np.log1p(np.exp(x)), "erf": np.vectorize(math.erf),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary(name):
+    positive = name in ("log", "sqrt", "rsqrt", "reciprocal")
+    a = rand(128, 96, lo=0.1 if positive else -3.0, hi=3.0)
+    np.testing.assert_allclose(unary_kernel(name)(a), UNARY[name](a), rtol=2e-5, atol=2e-6)
+
+
+BINARY = {
+    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
+    "maximum": np.maximum, "minimum": np.minimum, "power": np.power,
+    "equal": np.equal, "not_equal": np.not_equal, "less": np.less, "less_equal": np.less_equal,
+    "greater": np.greater, "greater_equal": np.greater_equal,
+    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@pytest.mark.parametrize("shape_b", [(64, 48), (64, 1), (1, 48), (64,)],
+                         ids=["same", "free-bcast", "partition-bcast", "1d"])
+def test_binary_broadcasting(name, shape_b):
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, getattr(nl, name)(nl.load(a), nl.load(b), dtype=nl.float32))
+        return out
+
+    a = np.round(rand(64, 48, lo=0.5, hi=3.0), 1)
+    b = np.round(rand(*shape_b, lo=0.5, hi=3.0), 1)
+    ref_b = b.reshape(64, 1) if shape_b == (64,) else b  # tiles align on the partition axis
+    ref = BINARY[name](a, ref_b).astype(np.float32)
+    np.testing.assert_allclose(k(a, b), ref, rtol=1e-5)
+
+
+def test_operators_and_scalars():
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        x, y = nl.load(a), nl.load(b)
+        nl.store(out, (2.0 - x) * y / 4 + 1 - (-x) ** 2)
+        return out
+
+    a, b = rand(32, 16), rand(32, 16)
+    np.testing.assert_allclose(k(a, b), (2.0 - a) * b / 4 + 1 - a**2, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn,ref", [("sum", np.sum), ("max", np.max), ("min", np.min),
+                                    ("mean", np.mean), ("prod", np.prod)])
+@pytest.mark.parametrize("axis", [1, 2, (1, 2)])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_reductions(fn, ref, axis, keepdims):
+    @nki.jit
+    def k(a):
+        r = getattr(nl, fn)(nl.load(a), axis=axis, keepdims=keepdims)
+        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+        nl.store(out, r)
+        return out
+
+    a = rand(16, 6, 5, lo=0.5, hi=1.5)
+    np.testing.assert_allclose(k(a), ref(a, axis=axis, keepdims=keepdims), rtol=1e-5)
+
+
+def test_rmsnorm_tutorial_masks_and_mgrid():
+    """NKI's RMSNorm tutorial as published (mgrid with a unit axis, masked tail tile)."""
+    @nki.jit
+    def rmsnorm(a_tensor, g_tensor):
+        out_tensor = nl.ndarray(a_tensor.shape, dtype=a_tensor.dtype, buffer=nl.shared_hbm)
+        ix, iw, iy = nl.mgrid[0:128, 0:1, 0:a_tensor.shape[1]]
+        num_rows = a_tensor.shape[0]
+        g_tile = nl.load(g_tensor.reshape((1, g_tensor.shape[0]))[iw, iy])
+        for i in nl.affine_range(math.ceil(a_tensor.shape[0] / 128)):
+            a_tile = nl.load(a_tensor[i * 128 + ix, iy], mask=(i * 128 + ix < num_rows))
+            square_sum = nl.sum(nl.square(a_tile), axis=[1])
+            rms_reciprocal = nl.rsqrt(square_sum / a_tensor.shape[1])
+            out_tile = nl.multiply(a_tile, rms_reciprocal)
+            g_bcast = g_tile.broadcast_to((128, g_tensor.shape[0]))
+            out_tile[...] = nl.multiply(out_tile, g_bcast, mask=(i * 128 + ix < num_rows))
+            nl.store(out_tensor[i * 128 + ix, iy], value=out_tile,
+                     mask=(i * 128 + ix < num_rows))
+        return out_tensor
+
+    a, g = rand(300, 256), rand(256)
+    ref = a / np.sqrt(np.mean(a * a, axis=1, keepdims=True)) * g
+    np.testing.assert_allclose(rmsnorm(a, g), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_free_axis_mask_and_arange_ds_slices():
+    @nki.jit
+    def k(a):
+        out = nl.full(a.shape, -1.0, dtype=a.dtype, buffer=nl.shared_hbm)
+        i_p = nl.arange(64)[:, None]
+        i_f = nl.arange(40)[None, :]
+        t = nl.load(a[i_p, i_f], mask=(i_f < 30) & (i_p >= 8))
+        nl.store(out[i_p, i_f], t, mask=(i_f < 30) & (i_p >= 8))
+        u = nl.load(a[nl.ds(0, 8), 30:40])
+        nl.store(out[0:8, nl.ds(30, 10)], nl.multiply(u, 2.0))
+        return out
+
+    a = rand(64, 40)
+    ref = np.full_like(a, -1.0)
+    ref[8:, :30] = a[8:, :30]
+    ref[:8, 30:] = 2 * a[:8, 30:]
+    np.testing.assert_array_equal(k(a), ref)
+
+
+def test_multi_axis_mask_is_per_lane():
+    @nki.jit
+    def k(a):
+        out = nl.zeros(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:32, 0:32]
+        t = nl.load(a)
+        nl.store(out[i_p, i_f], t[i_p, i_f], mask=(i_p >= i_f))  # lower triangle
+        return out
+
+    a = rand(32, 32)
+    np.testing.assert_array_equal(k(a), np.tril(a))
+
+
+def test_grid_program_id_num_programs():
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        i, j = nl.program_id(0), nl.program_id(1)
+        assert nl.num_programs(0) == 3 and nl.num_programs(1) == 2 and nl.program_ndim() == 2
+        t = nl.load(a[i * 32:(i + 1) * 32, j * 16:(j + 1) * 16])
+        nl.store(out[i * 32:(i + 1) * 32, j * 16:(j + 1) * 16], t + (10 * i + j))
+        return out
+
+    a = rand(96, 32)
+    ref = a.copy()
+    for i in range(3):
+        for j in range(2):
+            ref[i * 32:(i + 1) * 32, j * 16:(j + 1) * 16] += 10 * i + j
+    np.testing.assert_allclose(k[3, 2](a), ref)
+
+
+@pytest.mark.parametrize("rng", [nl.affine_range, nl.sequential_range, nl.static_range])
+def test_loops(rng):
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((128, 1), dtype=a.dtype, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 1), dtype=nl.float32)
+        for i in rng(a.shape[1] // 32):
+            acc += nl.sum(nl.load(a[:, i * 32:(i + 1) * 32]), axis=1, keepdims=True)
+        nl.store(out, acc)
+        return out
+
+    a = rand(128, 128)
+    np.testing.assert_allclose(k(a), a.sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("transpose_x", [False, True])
+def test_matmul_psum_accumulation(transpose_x):
+    @nki.jit
+    def k(x, y):
+        M, N = (x.shape[1] if transpose_x else x.shape[0]), y.shape[1]
+        out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((M, N), dtype=nl.float32, buffer=nl.psum)
+        for kk in nl.affine_range(y.shape[0] // 128):
+            ks = slice(kk * 128, (kk + 1) * 128)
+            xt = nl.load(x[ks, :]) if transpose_x else nl.load(x[:, ks])
+            acc += nl.matmul(xt, nl.load(y[ks, :]), transpose_x=transpose_x)
+        nl.store(out, acc)
+        return out
+
+    x = rand(384, 96) if transpose_x else rand(96, 384)
+    y = rand(384, 200)
+    ref = (x.T if transpose_x else x).astype(np.float64) @ y
+    np.testing.assert_allclose(k(x, y), ref, rtol=1e-4, atol=1e-3)
+
+
+def test_transpose_copy_broadcast_where_softmax():
+    @nki.jit
+    def k(a, b):
+        outs = []
+        x = nl.load(a)
+        for v in (nl.transpose(x), nl.copy(x, dtype=nl.float16),
+                  nl.broadcast_to(nl.load(b), (64, 32)), nl.where(x > 0, x, 0.5 * x),
+                  nl.softmax(x, axis=1)):
+            o = nl.ndarray(v.shape, dtype=v.dtype, buffer=nl.shared_hbm)
+            nl.store(o, v)
+            outs.append(o)
+        return tuple(outs)
+
+    a, b = rand(64, 32), rand(1, 32)
+    t, c, bc, w, sm = k(a, b)
+    np.testing.assert_array_equal(t, a.T)
+    assert c.dtype == np.float16
+    np.testing.assert_array_equal(c, a.astype(np.float16))
+    np.testing.assert_array_equal(bc, np.broadcast_to(b, (64, 32)))
+    np.testing.assert_allclose(w, np.where(a > 0, a, 0.5 * a))
+    e = np.exp(a - a.max(1, keepdims=True))
+    np.testing.assert_allclose(sm, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_uninitialized_tile_reads_nan_and_masked_lanes_stay_unwritten():
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((8, 4), dtype=nl.float32)
+        i_p = nl.arange(8)[:, None]
+        i_f = nl.arange(4)[None, :]
+        t[i_p, i_f] = nl.load(a[i_p, i_f], mask=(i_p < 4))
+        nl.store(out, t)
+        return out
+
+    a = rand(8, 4)
+    r = k(a)
+    np.testing.assert_array_equal(r[:4], a[:4])
+    assert np.isnan(r[4:]).all()
+
+
+def test_dropout_rate():
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.dropout(nl.load(a), 0.25))
+        return out
+
+    a = np.ones((128, 512), np.float32)
+    r1, r2 = k(a), k(a)
+    assert abs((r1 == 0).mean() - 0.25) < 0.01
+    assert set(np.unique(r1)) <= {0.0, 1.0}
+    assert (r1 != r2).any()  # a new mask on every launch
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int32, np.uint8])
+def test_numpy_dtypes(dtype):
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.add(nl.load(a), nl.load(a)))
+        return out
+
+    a = (RNG.integers(0, 60, size=(64, 32))).astype(dtype)
+    r = k(a)
+    assert r.dtype == dtype
+    np.testing.assert_array_equal(r, (a + a).astype(dtype))
+
+
+def test_bfloat16_through_cpu_tensors():
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        nl.store(out, nl.exp(nl.load(a)))
+        return out
+
+    a = torch.randn(128, 64, dtype=torch.bfloat16)
+    r = k(a)
+    assert r.dtype == torch.bfloat16 and r.device.type == "cpu"
+    torch.testing.assert_close(r, torch.exp(a.float()).bfloat16())
+
+
+def test_trace_cache_and_trace_mode():
+    calls = []
+
+    def body(a, scale=1.0):
+        calls.append(1)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.multiply(nl.load(a), scale))
+        return out
+
+    k = nki.jit(body)
+    a = rand(16, 8)
+    for _ in range(3):
+        k(a, 2.0)
+    assert len(calls) == 1
+    k(a, 3.0)
+    k(rand(32, 8), 2.0)
+    assert len(calls) == 3
+    traced = nki.jit(body, mode="trace")(a)
+    assert isinstance(traced, nki.Traced) and traced.n_instructions >= 2
+    assert traced.out_specs == [((16, 8), "float32")]
+
+
+def test_simulate_kernel_and_baremetal_output_argument():
+    def legacy(a, out):  # Beta 1 style: the output passed in
+        nl.store(out, nl.load(a) * 3.0)
+
+    a = rand(8, 8)
+    out = np.zeros_like(a)
+    nki.baremetal(legacy)(a, out)
+    np.testing.assert_allclose(out, 3 * a)
+    out2 = np.zeros_like(a)
+    nki.simulate_kernel(nki.jit(legacy), a, out2)
+    np.testing.assert_allclose(out2, 3 * a)
+
+
+def test_benchmark_mode():
+    k = nki.benchmark(warmup=1, iters=3)(unary_kernel("exp").func)
+    k(rand(128, 64))
+    assert k.benchmark_result.nc_latency.get_latency_percentile(50) > 0
+
+
+# --- limits: clear errors naming the kernel line ------------------------------------------------
+
+def _expect_error(kernel, args, marker, match):
+    with pytest.raises(nki.NkiError, match=match) as e:
+        kernel(*args)
+    line = line_of(kernel.func, marker)
+    assert f"{__file__}:{line}" in str(e.value), str(e.value)
+
+
+def test_partition_dim_limit():
+    @nki.jit
+    def k(a):
+        t = nl.load(a)  # LIMIT
+        return t
+
+    _expect_error(k, (rand(256, 4),), "# LIMIT", "partition dimension 256 .* exceeds 128")
+
+
+def test_sbuf_capacity():
+    @nki.jit
+    def k(a):
+        tiles = []
+        for _ in range(7):
+            tiles.append(nl.ndarray((128, 8192), dtype=nl.float32))  # LIMIT
+
+    _expect_error(k, (rand(2, 2),), "# LIMIT", "SBUF is full")
+
+
+def test_psum_bank_and_capacity():
+    @nki.jit
+    def bank(a):
+        nl.zeros((128, 1024), dtype=nl.float32, buffer=nl.psum)  # LIMIT
+
+    _expect_error(bank, (rand(2, 2),), "# LIMIT", "one 2 KiB bank")
+
+    @nki.jit
+    def full(a):
+        keep = [nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(8)]
+        extra = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)  # LIMIT
+        return keep, extra
+
+    _expect_error(full, (rand(2, 2),), "# LIMIT", "PSUM is full")
+
+
+@pytest.mark.parametrize("shapes,match", [
+    (((64, 256), (32, 64)), "contraction .* differ"),
+    (((64, 129), (64, 64)), "gemm_stationary_fmax"),
+    (((64, 64), (64, 513)), "gemm_moving_fmax"),
+])
+def test_matmul_shape_limits(shapes, match):
+    @nki.jit
+    def k(x, y):
+        xt, yt = nl.ndarray(x.shape, dtype=x.dtype), nl.ndarray(y.shape, dtype=y.dtype)
+        nl.matmul(xt, yt, transpose_x=True)  # LIMIT
+
+    _expect_error(k, (rand(*shapes[0]), rand(*shapes[1])), "# LIMIT", match)
+
+
+def test_matmul_dtype_rule():
+    @nki.jit
+    def k(x, y):
+        nl.matmul(nl.load(x), nl.copy(nl.load(y), dtype=nl.bfloat16), transpose_x=True)  # LIMIT
+
+    _expect_error(k, (rand(64, 64), rand(64, 64)), "# LIMIT", "both operands float32")
+
+
+def test_partition_reduce_and_hbm_operand_errors():
+    @nki.jit
+    def k(a):
+        nl.sum(nl.load(a), axis=0)  # LIMIT
+
+    _expect_error(k, (rand(8, 8),), "# LIMIT", "free axes only")
+
+    @nki.jit
+    def h(a):
+        nl.exp(a)  # LIMIT
+
+    _expect_error(h, (rand(8, 8),), "# LIMIT", "is in HBM")
+
+
+def test_out_of_bounds_without_mask():
+    @nki.jit
+    def k(a):
+        i_p = nl.arange(128)[:, None]
+        nl.load(a[64 + i_p, nl.arange(8)[None, :]])  # LIMIT
+
+    _expect_error(k, (rand(128, 8),), "# LIMIT", "index out of bounds")
+
+
+def test_outside_a_kernel():
+    with pytest.raises(nki.NkiError, match="inside a kernel"):
+        nl.zeros((4, 4), dtype=nl.float32)
