@@ -1,12 +1,12 @@
 # The project's vocabulary (README.md lists these): make, make test, make demo, make finetune,
-# make bench[-training|-kernels|-fusion|-decode|-ir|-shm|-collectives|-distributed|-compile],
+# make bench[-training|-kernels|-fusion|-decode|-ir|-shm|-collectives|-distributed|-compile|-nki],
 # make lint, make asan, make tsan. Every target sets itself up first (scripts/setup.sh).
 PY := .venv/bin/python
 BUILD := build
 # NOTE: one build at a time in a build folder (several shells may run make at once).
 LOCKED := flock $(BUILD)/.lock
 
-.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir bench-shm bench-collectives bench-distributed bench-compile lint asan tsan clean
+.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir bench-shm bench-collectives bench-distributed bench-compile bench-nki lint asan tsan clean
 
 all: build
 
@@ -87,6 +87,9 @@ bench-distributed: build
 
 bench-compile: build
 	$(PY) benchmarks/compile.py --mfu
+
+bench-nki: build
+	$(PY) benchmarks/nki.py
 
 lint: setup
 	@command -v clang-format >/dev/null || (echo "lint: apt-get install clang-format" && exit 1)

@@ -1,0 +1,168 @@
+"""NKI kernels on neuron (make bench-nki): each kernel against the same computation in ATen on
+neuron (goal: within 2x at 1M+ elements) and against running its tile operations one by one in
+numpy, as NKI's CPU simulator executes a kernel (goal: at least 20x faster). Ratios, no asserts.
+
+    python benchmarks/nki.py
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from openneuron import nki
+from openneuron.nki import language as nl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "nki"))
+from rmsnorm import rmsnorm_fwd
+
+ROWS, COLS = 8192, 256  # 2M elements
+
+
+@nki.jit
+def saxpy(x, y, alpha=2.0):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    for t in nl.affine_range(x.shape[0] // 128):
+        a = nl.load(x[t * 128:(t + 1) * 128, :])
+        b = nl.load(y[t * 128:(t + 1) * 128, :])
+        nl.store(out[t * 128:(t + 1) * 128, :], nl.add(nl.multiply(a, alpha), b))
+    return out
+
+
+@nki.jit
+def softmax(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    for t in nl.affine_range(x.shape[0] // 128):
+        nl.store(out[t * 128:(t + 1) * 128, :], nl.softmax(nl.load(x[t * 128:(t + 1) * 128, :]),
+                                                          axis=1))
+    return out
+
+
+@nki.jit
+def matmul(lhsT, rhs):
+    K, M = lhsT.shape
+    N = rhs.shape[1]
+    out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    for m in nl.affine_range(M // 128):
+        for n in nl.affine_range(N // 512):
+            acc = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(K // 128):
+                acc += nl.matmul(nl.load(lhsT[k * 128:(k + 1) * 128, m * 128:(m + 1) * 128]),
+                                 nl.load(rhs[k * 128:(k + 1) * 128, n * 512:(n + 1) * 512]),
+                                 transpose_x=True)
+            nl.store(out[m * 128:(m + 1) * 128, n * 512:(n + 1) * 512], acc)
+    return out
+
+
+# --- the same kernels, tile operation by tile operation in numpy (the simulator's way) --------
+
+def np_saxpy(x, y, alpha=2.0):
+    out = np.empty_like(x)
+    for t in range(x.shape[0] // 128):
+        a, b = x[t * 128:(t + 1) * 128].copy(), y[t * 128:(t + 1) * 128].copy()
+        m = np.multiply(a, alpha)
+        out[t * 128:(t + 1) * 128] = np.add(m, b)
+    return out
+
+
+def np_rmsnorm(x, w, eps=1e-6):
+    out = np.empty_like(x)
+    wt = w.reshape(1, -1).copy()
+    for t in range(math.ceil(x.shape[0] / 128)):
+        xt = x[t * 128:(t + 1) * 128].astype(np.float32)
+        sq = np.square(xt)
+        ms = np.mean(sq, axis=1, keepdims=True)
+        r = 1.0 / np.sqrt(ms + eps)
+        y = np.multiply(np.multiply(xt, r), wt)
+        out[t * 128:(t + 1) * 128] = y
+    return out
+
+
+def np_softmax(x):
+    out = np.empty_like(x)
+    for t in range(x.shape[0] // 128):
+        xt = x[t * 128:(t + 1) * 128].copy()
+        m = np.max(xt, axis=1, keepdims=True)
+        e = np.exp(np.subtract(xt, m))
+        s = np.sum(e, axis=1, keepdims=True)
+        out[t * 128:(t + 1) * 128] = np.divide(e, s)
+    return out
+
+
+def np_matmul(lhsT, rhs):
+    K, M = lhsT.shape
+    N = rhs.shape[1]
+    out = np.empty((M, N), np.float32)
+    for m in range(M // 128):
+        for n in range(N // 512):
+            acc = np.zeros((128, 512), np.float32)
+            for k in range(K // 128):
+                a = lhsT[k * 128:(k + 1) * 128, m * 128:(m + 1) * 128].copy()
+                b = rhs[k * 128:(k + 1) * 128, n * 512:(n + 1) * 512].copy()
+                acc += np.matmul(a.T, b)
+            out[m * 128:(m + 1) * 128, n * 512:(n + 1) * 512] = acc
+    return out
+
+
+def timed(fn, sync, reps=10):
+    fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def main():
+    dev = torch.device("neuron")
+
+    def sync():
+        torch.neuron.synchronize()
+
+    def nothing():
+        pass
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(ROWS, COLS, generator=g)
+    y = torch.randn(ROWS, COLS, generator=g)
+    w = torch.randn(COLS, generator=g)
+    a = torch.randn(1024, 1024, generator=g)
+    b = torch.randn(1024, 1024, generator=g)
+    xd, yd, wd, ad, bd = (t.to(dev) for t in (x, y, w, a, b))
+    xn, yn, wn, an, bn = (t.numpy() for t in (x, y, w, a, b))
+    cases = [
+        ("saxpy 8192x256", lambda: saxpy(xd, yd, 2.0), lambda: 2.0 * xd + yd,
+         lambda: np_saxpy(xn, yn, 2.0)),
+        ("rmsnorm 8192x256", lambda: rmsnorm_fwd(xd, wd, 1e-6),
+         lambda: F.rms_norm(xd, (COLS,), wd, 1e-6), lambda: np_rmsnorm(xn, wn)),
+        ("softmax 8192x256", lambda: softmax(xd), lambda: torch.softmax(xd, dim=1),
+         lambda: np_softmax(xn)),
+        ("matmul 1024^3", lambda: matmul(ad, bd), lambda: ad.t() @ bd, lambda: np_matmul(an, bn)),
+    ]
+    print(f"NKI kernels on neuron ({torch.get_num_threads()} threads); median of 10 runs")
+    print(f"{'kernel':<20}{'NKI ms':>10}{'ATen ms':>10}{'NKI/ATen':>10}{'numpy-sim ms':>14}"
+          f"{'sim/NKI':>10}")
+    for name, k, aten, sim in cases:
+        torch.testing.assert_close(k()[0] if isinstance(k(), tuple) else k(), aten(),
+                                   rtol=2e-3, atol=2e-3)
+        t_k = timed(k, sync)
+        t_a = timed(aten, sync)
+        t_s = timed(sim, nothing, reps=3)
+        print(f"{name:<20}{t_k * 1e3:>10.2f}{t_a * 1e3:>10.2f}{t_k / t_a:>9.2f}x"
+              f"{t_s * 1e3:>14.2f}{t_s / t_k:>9.1f}x")
+    traced = rmsnorm_fwd.specialize(xd, wd, 1e-6)
+    print(f"rmsnorm program: {traced.n_instructions} instructions, SBUF peak "
+          f"{traced.sbuf_peak} B/partition")
+
+
+if __name__ == "__main__":
+    main()
