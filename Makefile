@@ -69,7 +69,7 @@ bench-fusion: build
 	$(PY) benchmarks/fusion.py
 
 bench-decode: build
-	$(PY) benchmarks/decode.py
+	$(PY) benchmarks/decode.py --compiled
 
 bench-collectives: build
 	$(PY) benchmarks/collectives.py

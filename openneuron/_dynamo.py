@@ -37,6 +37,16 @@ def _eager(gm, example_inputs, **kwargs):
         gm, example_inputs, **kwargs)
 
 
+def _dynamo_handles() -> tuple[type[BaseException], ...]:
+    """What Dynamo itself handles when a backend raises it (output_graph's call_user_compiler):
+    a restart of the analysis (not a failure), a frame to skip, the user's IndexError, the
+    FakeTensor limits it turns into a graph break. Never caught by the eager fallback."""
+    from torch._dynamo import exc
+
+    return (exc.RestartAnalysis, exc.ShortenTraceback, exc.SkipFrame, IndexError,
+            *exc.exceptions_allowed_to_be_fallback)
+
+
 def neuron_backend(gm, example_inputs, **kwargs: Any):
     """Dynamo backend "neuron": TorchInductor (forward + backward), eager on failure."""
     from torch._inductor.compile_fx import compile_fx
@@ -54,7 +64,7 @@ def neuron_backend(gm, example_inputs, **kwargs: Any):
     try:
         return compile_fx(gm, example_inputs, config_patches=config_patches or None, **kwargs)
     except Exception as err:
-        if _fallback_disabled():
+        if _fallback_disabled() or isinstance(err, _dynamo_handles()):
             raise
         message = (f"openneuron: torch.compile(backend='neuron') could not compile a graph "
                    f"({type(err).__name__}: {err}); it runs eagerly instead. Set "

@@ -27,11 +27,16 @@ def register() -> None:
 
 
 def _register_dynamo(_module) -> None:
+    from torch._dynamo import trace_rules
     from torch._dynamo.device_interface import register_interface_for_device
 
     from openneuron._inductor.interface import NeuronInterface
 
     register_interface_for_device("neuron", NeuronInterface)
+    # torch.neuron's Python functions (RNG state, streams, memory, devices) run eagerly inside a
+    # compiled function, as torch.cuda's do: Dynamo skips torch's own files but would inline
+    # ours, and cannot trace device state (a generator's set_state on FakeTensors).
+    trace_rules.add("openneuron.neuron")
 
 
 def _wrap_init_backend_registration(common) -> None:

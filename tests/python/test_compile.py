@@ -7,6 +7,7 @@ eager fallback on a compile failure. The compile cache is shared by the whole te
 (conftest.py: TORCHINDUCTOR_CACHE_DIR)."""
 import copy
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -23,14 +24,19 @@ CFG = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64)
 
 
 class Counting:
-    """backend="neuron", counting the graphs it compiles."""
+    """backend="neuron", counting the graphs it compiles; any fallback warning fails the test."""
 
     def __init__(self):
         self.graphs = 0
 
     def __call__(self, gm, example_inputs, **kwargs):
+        # counted once compiled: a restart of Dynamo's analysis (it may ask the backend to
+        # start over, e.g. to turn a float scalar into a tensor) is not a second graph
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", "openneuron: torch.compile", RuntimeWarning)
+            compiled = openneuron._dynamo.neuron_backend(gm, example_inputs, **kwargs)
         self.graphs += 1
-        return openneuron._dynamo.neuron_backend(gm, example_inputs, **kwargs)
+        return compiled
 
 
 @pytest.fixture(autouse=True)
@@ -300,3 +306,17 @@ def test_save_and_load_cache_artifacts(run_py, tmp_path):
     r = run_py(load, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "b")})
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert '"fxgraph_cache_hit": 1' in r.stdout, r.stdout
+
+
+def test_neuron_rng_state_calls_inside_a_compiled_function():
+    # torch.neuron's functions run eagerly inside compiled code (a graph break), as torch.cuda's
+    def fn(x):
+        state = torch.neuron.get_rng_state()
+        a = torch.rand(4, device=x.device)
+        torch.neuron.set_rng_state(state)
+        b = torch.rand(4, device=x.device)
+        return x + a, x + b
+
+    x = torch.zeros(4, device=DEV)
+    a, b = torch.compile(fn)(x)
+    torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0)
