@@ -88,7 +88,7 @@ def test_compiled_matches_eager_cpu(op, dtype, request):
                 if isinstance(t, torch.Tensor) else t)
             compiled = torch.compile(lambda s=neuron: _call(op, s), dynamic=False)
             got, want = compiled(), _call(op, sample)
-            msg = lambda m, s=sample: f"{op.name} sample {s.summary()}: {m}"  # noqa: E731
+            msg = lambda m, s=sample: f"{op.name} sample {s.summary()}: {m}"
             torch.testing.assert_close(tree_map(lambda t: t.cpu() if isinstance(
                 t, torch.Tensor) else t, got), want, equal_nan=True, check_device=False,
                 **tol, msg=msg)
