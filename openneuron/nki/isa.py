@@ -220,20 +220,20 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
                   dtype=None, mask=None, engine=engine.unknown, dst=None, **_):
     """(data op0 operand0) op1 operand1; operands are numbers or [P, 1] tiles (one value per
     partition, broadcast along the free axes); reverse swaps an op's operands."""
-    S = data.shape
-    out = _out(dst, S, dtype or data.dtype)
-    e = Expr()
-    x = _scalar_step(e, e.src(data), op0, operand0, reverse0)
-    x = _scalar_step(e, x, op1, operand1, reverse1)
-    emit(out, S, e, x, mask=mask)
-    return out
+    return _two_steps(data, data.shape, op0, operand0, reverse0, op1, operand1, reverse1,
+                      dtype, mask, dst)
 
 
 @_generations(5)
 def scalar_tensor_tensor(data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
                          dtype=None, mask=None, engine=engine.unknown, dst=None, **_):
     """(data op0 operand0) op1 operand1, operand1 a tile."""
-    S = broadcast_shape(data, operand1)
+    return _two_steps(data, broadcast_shape(data, operand1), op0, operand0, reverse0, op1,
+                      operand1, reverse1, dtype, mask, dst)
+
+
+def _two_steps(data, S, op0, operand0, reverse0, op1, operand1, reverse1, dtype, mask, dst):
+    """(data op0 operand0) op1 operand1 into a new tile (or dst) of shape S."""
     out = _out(dst, S, dtype or data.dtype)
     e = Expr()
     x = _scalar_step(e, e.src(data), op0, operand0, reverse0)
