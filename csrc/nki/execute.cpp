@@ -306,42 +306,50 @@ OPENNEURON_INLINE int64_t outer_offset(const Operand& o, const int64_t* idx, int
   return off;
 }
 
+// Registers of one instruction over one chunk. A float32 operand read with unit stride is used
+// in place (no copy) when the instruction has steps or reduces; constants are filled once per
+// Regs.
 struct Regs {
   float r[kMaxRegisters][kChunk];
+  const float* p[kMaxRegisters];
+  bool consts_filled = false;
 };
 
 // Lanes [j0, j0 + n) of the row at outer index idx: operands in, steps applied. Returns the
-// result register.
+// result (a register; never the operand's own memory unless the instruction reduces).
 OPENNEURON_ISA_BODY const float* eval_chunk_body(const Instr& in, char* const* slots,
                                                  const int64_t* idx, int64_t j0, int n,
                                                  uint64_t seed, Regs* regs) {
   const int last = in.ndim - 1;
   const int n_src = static_cast<int>(in.src.size());
+  const bool in_place = !in.steps.empty() || in.nreduce > 0;
   for (int i = 0; i < n_src; ++i) {
     const Operand& o = in.src[static_cast<size_t>(i)];
     float* dst = regs->r[i];
+    regs->p[i] = dst;
     if (o.type == Operand::kView) {
       const int64_t off = outer_offset(o, idx, last) + o.stride[last] * j0;
-      load_lanes(o.dtype, slots[o.slot], off, o.stride[last], n, dst);
+      if (in_place && o.dtype == DType::k_float32 && o.stride[last] == 1)
+        regs->p[i] = reinterpret_cast<const float*>(slots[o.slot]) + off;
+      else
+        load_lanes(o.dtype, slots[o.slot], off, o.stride[last], n, dst);
     } else if (o.type == Operand::kConst) {
-      for (int j = 0; j < n; ++j) dst[j] = o.value;
+      if (!regs->consts_filled)
+        for (int j = 0; j < kChunk; ++j) dst[j] = o.value;
     } else {
       const int64_t base = outer_offset(o, idx, last) + o.stride[last] * j0;
       for (int j = 0; j < n; ++j) dst[j] = static_cast<float>(base + o.stride[last] * j);
     }
   }
+  regs->consts_filled = true;
   for (size_t s = 0; s < in.steps.size(); ++s) {
     const Step& st = in.steps[s];
-    apply(st.op, n, regs->r[n_src + static_cast<int>(s)], regs->r[st.a], regs->r[st.b],
-          regs->r[st.c], seed);
+    float* out = regs->r[n_src + static_cast<int>(s)];
+    apply(st.op, n, out, regs->p[st.a], regs->p[st.b], regs->p[st.c], seed);
+    regs->p[n_src + static_cast<int>(s)] = out;
   }
-  return regs->r[in.steps.empty() ? 0 : n_src + static_cast<int>(in.steps.size()) - 1];
+  return regs->p[in.steps.empty() ? 0 : n_src + static_cast<int>(in.steps.size()) - 1];
 }
-OPENNEURON_ISA_DISPATCH(const float*, eval_chunk,
-                        (const Instr& in, char* const* slots, const int64_t* idx, int64_t j0, int n,
-                         uint64_t seed, Regs* regs),
-                        (in, slots, idx, j0, n, seed, regs))
-
 OPENNEURON_ISA_BODY void store_chunk_body(const Instr& in, char* const* slots, int64_t off,
                                           int64_t stride, int n, const float* v, float* old) {
   const Operand& d = in.dst;
@@ -352,10 +360,6 @@ OPENNEURON_ISA_BODY void store_chunk_body(const Instr& in, char* const* slots, i
   }
   store_lanes(d.dtype, slots[d.slot], off, stride, n, v);
 }
-OPENNEURON_ISA_DISPATCH(void, store_chunk,
-                        (const Instr& in, char* const* slots, int64_t off, int64_t stride, int n,
-                         const float* v, float* old),
-                        (in, slots, off, stride, n, v, old))
 
 // idx[0..count) += 1 in mixed radix over extent[0..count).
 OPENNEURON_INLINE void advance(const Instr& in, int64_t* idx, int count) {
@@ -372,26 +376,48 @@ OPENNEURON_INLINE void unflatten(const Instr& in, int64_t flat, int64_t* idx, in
   }
 }
 
-void run_rows(const Instr& in, char* const* slots, uint64_t seed, int64_t r0, int64_t r1) {
+OPENNEURON_ISA_BODY void run_rows_body(const Instr& in, char* const* slots, uint64_t seed,
+                                       int64_t r0, int64_t r1) {
   const int last = in.ndim - 1;
   int64_t idx[kMaxDims] = {};
   unflatten(in, r0, idx, last);
+  // A float32 copy with unit strides (most loads and stores) moves bytes: the same bits as
+  // through float registers.
+  const Operand& s0 = in.src[0];
+  const bool raw_copy = in.steps.empty() && !in.accumulate && s0.type == Operand::kView &&
+                        s0.dtype == DType::k_float32 && in.dst.dtype == DType::k_float32 &&
+                        s0.stride[last] == 1 && in.dst.stride[last] == 1;
   Regs regs;
   float old[kChunk];
   for (int64_t r = r0; r < r1; ++r, advance(in, idx, last)) {
     int64_t lo, hi;
     lane_range(in, idx, &lo, &hi);
     const int64_t dst_off = outer_offset(in.dst, idx, last);
+    if (raw_copy) {  // chunk by chunk, as through registers (an overlapping copy alike)
+      float* to = reinterpret_cast<float*>(slots[in.dst.slot]) + dst_off;
+      const float* from =
+          reinterpret_cast<const float*>(slots[s0.slot]) + outer_offset(s0, idx, last);
+      for (int64_t j0 = lo; j0 < hi; j0 += kChunk)
+        std::memmove(to + j0, from + j0, sizeof(float) * std::min<int64_t>(kChunk, hi - j0));
+      continue;
+    }
     for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
       const int n = static_cast<int>(std::min<int64_t>(kChunk, hi - j0));
-      const float* v = eval_chunk(in, slots, idx, j0, n, seed, &regs);
-      store_chunk(in, slots, dst_off + in.dst.stride[last] * j0, in.dst.stride[last], n, v, old);
+      const float* v = eval_chunk_body(in, slots, idx, j0, n, seed, &regs);
+      store_chunk_body(in, slots, dst_off + in.dst.stride[last] * j0, in.dst.stride[last], n, v,
+                       old);
     }
   }
 }
 
+OPENNEURON_ISA_DISPATCH(void, run_rows,
+                        (const Instr& in, char* const* slots, uint64_t seed, int64_t r0,
+                         int64_t r1),
+                        (in, slots, seed, r0, r1))
+
 // Outputs [e0, e1) of a reduction: each is the reduce_op of its rows' active lanes.
-void run_reduce(const Instr& in, char* const* slots, uint64_t seed, int64_t e0, int64_t e1) {
+OPENNEURON_ISA_BODY void run_reduce_body(const Instr& in, char* const* slots, uint64_t seed,
+                                         int64_t e0, int64_t e1) {
   const int last = in.ndim - 1;
   const int n_out = in.ndim - in.nreduce;
   int64_t rows = 1;
@@ -413,18 +439,39 @@ void run_reduce(const Instr& in, char* const* slots, uint64_t seed, int64_t e0, 
       lane_range(in, idx, &lo, &hi);
       for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
         const int n = static_cast<int>(std::min<int64_t>(kChunk, hi - j0));
-        const float* v = eval_chunk(in, slots, idx, j0, n, seed, &regs);
+        const float* v = eval_chunk_body(in, slots, idx, j0, n, seed, &regs);
         acc = combine(in.reduce_op, acc, reduce_lanes(in.reduce_op, v, n));
         lanes += n;
       }
     }
     if (lanes == 0) continue;  // every lane masked: the output is not written
     const float result = acc * in.post_scale;
-    store_chunk(in, slots, outer_offset(in.dst, idx, n_out), 0, 1, &result, old);
+    store_chunk_body(in, slots, outer_offset(in.dst, idx, n_out), 0, 1, &result, old);
   }
 }
 
+OPENNEURON_ISA_DISPATCH(void, run_reduce,
+                        (const Instr& in, char* const* slots, uint64_t seed, int64_t e0,
+                         int64_t e1),
+                        (in, slots, seed, e0, e1))
+
 }  // namespace
+
+void run_elementwise_rows(const Instr& in, char* const* slots, uint64_t seed, int64_t p0,
+                          int64_t p1) {
+  p1 = std::min(p1, in.extent[0]);
+  if (p0 >= p1) return;
+  for (int d = 1; d < in.ndim; ++d)
+    if (in.extent[d] == 0) return;
+  const bool reduce = in.nreduce > 0;
+  const int n_outer = reduce ? in.ndim - in.nreduce : in.ndim - 1;
+  int64_t inner = 1;  // outer indices per row of axis 0
+  for (int d = 1; d < n_outer; ++d) inner *= in.extent[d];
+  if (reduce)
+    run_reduce(in, slots, seed, p0 * inner, p1 * inner);
+  else
+    run_rows(in, slots, seed, p0 * inner, p1 * inner);
+}
 
 void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_t seed) {
   const int last = in.ndim - 1;

@@ -1,13 +1,16 @@
 // The Tensor Engine instruction of a traced NKI program: dst[M, N] (+)= stationary[K, M]^T @
 // moving[K, N] in float32 (PSUM), K, M <= 128 and N <= 512 (checked when traced and parsed).
-// Operands are gathered into padded float32 panels, multiplied by a register-blocked kernel
-// compiled per SIMD variant, and written (or accumulated) through the destination's strides.
+// Float32 operands are read in place, others gathered into padded float32 panels; a
+// register-blocked kernel compiled per SIMD variant multiplies them (column blocks split over
+// threads for a large tile) and the result is written (or accumulated) through the
+// destination's strides.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "kernels/kernel_util.h"
 #include "nki/program.h"
+#include "runtime/parallel.h"
 
 namespace openneuron::nki {
 namespace {
@@ -16,29 +19,33 @@ using kernels::VecF;
 constexpr int kRowBlock = 4;   // rows of C per block
 constexpr int kColBlock = 64;  // columns of C per block (4 vectors)
 
-// c[Mp x Np] = a[Mp x K] @ b[K x Np]; Mp % 4 == 0, Np % 64 == 0.
-OPENNEURON_ISA_BODY void gemm_body(const float* a, const float* b, float* c, int64_t Mp, int64_t Np,
-                                   int64_t K) {
-  for (int64_t m0 = 0; m0 < Mp; m0 += kRowBlock) {
-    for (int64_t n0 = 0; n0 < Np; n0 += kColBlock) {
+// Columns [n_begin, n_end) of c[Mp x ldc] = aT[K x Mp]^T @ b[K x N] (aT row k at k * lda, b row
+// k at k * ldb); Mp % 4 == 0, the column bounds multiples of 64. Column blocks outermost: one
+// 64-column slice of b (K x 64 floats, 32 KiB at K = 128) stays in L1 while every row block
+// passes over it.
+OPENNEURON_ISA_BODY void gemm_body(const float* aT, int64_t lda, const float* b, int64_t ldb,
+                                   float* c, int64_t ldc, int64_t Mp, int64_t K, int64_t n_begin,
+                                   int64_t n_end) {
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kColBlock) {
+    for (int64_t m0 = 0; m0 < Mp; m0 += kRowBlock) {
       VecF acc[kRowBlock][4] = {};
       for (int64_t k = 0; k < K; ++k) {
         VecF bv[4];
-        for (int v = 0; v < 4; ++v) kernels::loadv(&bv[v], b + k * Np + n0 + 16 * v);
+        for (int v = 0; v < 4; ++v) kernels::loadv(&bv[v], b + k * ldb + n0 + 16 * v);
         for (int i = 0; i < kRowBlock; ++i) {
-          const float s = a[(m0 + i) * K + k];
+          const float s = aT[k * lda + m0 + i];
           for (int v = 0; v < 4; ++v) acc[i][v] += s * bv[v];
         }
       }
       for (int i = 0; i < kRowBlock; ++i)
-        std::memcpy(c + (m0 + i) * Np + n0, acc[i], sizeof acc[i]);
+        std::memcpy(c + (m0 + i) * ldc + n0, acc[i], sizeof acc[i]);
     }
   }
 }
 OPENNEURON_ISA_DISPATCH(void, gemm,
-                        (const float* a, const float* b, float* c, int64_t Mp, int64_t Np,
-                         int64_t K),
-                        (a, b, c, Mp, Np, K))
+                        (const float* aT, int64_t lda, const float* b, int64_t ldb, float* c,
+                         int64_t ldc, int64_t Mp, int64_t K, int64_t n_begin, int64_t n_end),
+                        (aT, lda, b, ldb, c, ldc, Mp, K, n_begin, n_end))
 
 float load_one(DType dt, const char* base, int64_t i) {
   switch (dt) {
@@ -59,56 +66,72 @@ float load_one(DType dt, const char* base, int64_t i) {
   }
 }
 
-// A panel rows x cols of floats: element (r, c) of the view at offset + r*sr + c*sc.
-void gather_panel(const Operand& o, const char* base, int64_t sr, int64_t sc, int64_t rows,
-                  int64_t cols, float* out, int64_t ld) {
+// A panel rows x ld of floats: element (r, c < cols) of the view at offset + r*sr + c*sc, the
+// rest zero.
+template <class T, class F>
+void gather_typed(const char* base, int64_t offset, int64_t sr, int64_t sc, int64_t rows,
+                  int64_t cols, float* out, int64_t ld, F cvt) {
+  const T* p = reinterpret_cast<const T*>(base) + offset;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = out + r * ld;
-    const int64_t off = o.offset + r * sr;
-    if (o.dtype == DType::k_float32 && sc == 1) {
-      std::memcpy(row, reinterpret_cast<const float*>(base) + off, sizeof(float) * cols);
+    const T* src = p + r * sr;
+    if (sc == 1) {
+      for (int64_t c = 0; c < cols; ++c) row[c] = cvt(src[c]);
     } else {
-      for (int64_t c = 0; c < cols; ++c) row[c] = load_one(o.dtype, base, off + c * sc);
+      for (int64_t c = 0; c < cols; ++c) row[c] = cvt(src[c * sc]);
     }
     std::fill(row + cols, row + ld, 0.0f);
   }
 }
 
-}  // namespace
+void gather_panel(const Operand& o, const char* base, int64_t sr, int64_t sc, int64_t rows,
+                  int64_t cols, float* out, int64_t ld) {
+  const int64_t off = o.offset;
+  switch (o.dtype) {
+    case DType::k_float32:
+      gather_typed<float>(base, off, sr, sc, rows, cols, out, ld, [](float v) { return v; });
+      break;
+    case DType::k_bfloat16:
+      gather_typed<uint16_t>(base, off, sr, sc, rows, cols, out, ld,
+                             [](uint16_t v) { return ir::numeric::f32_from_bf16(v); });
+      break;
+    case DType::k_float16:
+      gather_typed<uint16_t>(base, off, sr, sc, rows, cols, out, ld,
+                             [](uint16_t v) { return ir::numeric::f32_from_f16(v); });
+      break;
+    default:  // the tracer gives matmuls floating operands only; others read one by one
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = out + r * ld;
+        for (int64_t c = 0; c < cols; ++c) row[c] = load_one(o.dtype, base, off + r * sr + c * sc);
+        std::fill(row + cols, row + ld, 0.0f);
+      }
+      break;
+  }
+}
 
-void run_matmul(const Instr& in, char* const* slots) {
-  const int64_t M = in.extent[0], N = in.extent[1], K = in.extent[2];
-  if (M == 0 || N == 0) return;
-  const int64_t Mp = (M + kRowBlock - 1) / kRowBlock * kRowBlock;
-  const int64_t Np = (N + kColBlock - 1) / kColBlock * kColBlock;
-  thread_local std::vector<float> a, b, c;
-  a.assign(static_cast<size_t>(Mp * K), 0.0f);
-  b.resize(static_cast<size_t>(K * Np));
-  c.resize(static_cast<size_t>(Mp * Np));
-  const Operand& st = in.src[0];  // stationary: strides (m, -, k)
-  const Operand& mv = in.src[1];  // moving: strides (-, n, k)
-  gather_panel(st, slots[st.slot], st.stride[0], st.stride[2], M, K, a.data(), K);
-  gather_panel(mv, slots[mv.slot], mv.stride[2], mv.stride[1], K, N, b.data(), Np);
-  gemm(a.data(), b.data(), c.data(), Mp, Np, K);
-  // The destination through the elementwise path's conversions: rows of N lanes.
+// Columns [n_begin, n_end) of the result c (M x N, leading dimension Np) into the
+// destination, through the elementwise path's conversions (or accumulated into it).
+void store_cols(const Instr& in, char* const* slots, const float* c, int64_t Np, int64_t n_begin,
+                int64_t n_end) {
+  const int64_t M = in.extent[0];
   const Operand& d = in.dst;
+  char* base = slots[d.slot];
   for (int64_t m = 0; m < M; ++m) {
-    const float* row = c.data() + m * Np;
+    const float* row = c + m * Np;
     const int64_t off = d.offset + m * d.stride[0];
     if (d.dtype == DType::k_float32 && d.stride[1] == 1) {
-      float* out = reinterpret_cast<float*>(slots[d.slot]) + off;
+      float* out = reinterpret_cast<float*>(base) + off;
       if (in.accumulate) {
-        for (int64_t n = 0; n < N; ++n) out[n] += row[n];
+        for (int64_t n = n_begin; n < n_end; ++n) out[n] += row[n];
       } else {
-        std::memcpy(out, row, sizeof(float) * N);
+        std::memcpy(out + n_begin, row + n_begin, sizeof(float) * (n_end - n_begin));
       }
       continue;
     }
-    for (int64_t n = 0; n < N; ++n) {
-      float v = row[n];
-      if (in.accumulate) v += load_one(d.dtype, slots[d.slot], off + n * d.stride[1]);
-      char* base = slots[d.slot];
+    for (int64_t n = n_begin; n < n_end; ++n) {
       const int64_t i = off + n * d.stride[1];
+      float v = row[n];
+      if (in.accumulate) v += load_one(d.dtype, base, i);
       switch (d.dtype) {
         case DType::k_float32:
           reinterpret_cast<float*>(base)[i] = v;
@@ -124,6 +147,55 @@ void run_matmul(const Instr& in, char* const* slots) {
       }
     }
   }
+}
+
+}  // namespace
+
+void run_matmul(const Instr& in, char* const* slots, bool parallel) {
+  const int64_t M = in.extent[0], N = in.extent[1], K = in.extent[2];
+  if (M == 0 || N == 0) return;
+  const int64_t Mp = (M + kRowBlock - 1) / kRowBlock * kRowBlock;
+  const int64_t Np = (N + kColBlock - 1) / kColBlock * kColBlock;
+  thread_local std::vector<float> a, b, c;
+  const Operand& st = in.src[0];  // stationary [K, M]: strides (m, -, k)
+  const Operand& mv = in.src[1];  // moving [K, N]: strides (-, n, k)
+  // A float32 operand with unit stride along its free axis and no padding needed is read in
+  // place; any other is gathered into a float32 panel (the same values either way).
+  const float* pa;
+  int64_t lda = Mp;
+  if (st.dtype == DType::k_float32 && st.stride[0] == 1 && Mp == M) {
+    pa = reinterpret_cast<const float*>(slots[st.slot]) + st.offset;
+    lda = st.stride[2];
+  } else {
+    a.resize(static_cast<size_t>(K * Mp));
+    gather_panel(st, slots[st.slot], st.stride[2], st.stride[0], K, M, a.data(), Mp);
+    pa = a.data();
+  }
+  const float* pb;
+  int64_t ldb = Np;
+  if (mv.dtype == DType::k_float32 && mv.stride[1] == 1 && Np == N) {
+    pb = reinterpret_cast<const float*>(slots[mv.slot]) + mv.offset;
+    ldb = mv.stride[2];
+  } else {
+    b.resize(static_cast<size_t>(K * Np));
+    gather_panel(mv, slots[mv.slot], mv.stride[2], mv.stride[1], K, N, b.data(), Np);
+    pb = b.data();
+  }
+  c.resize(static_cast<size_t>(Mp * Np));
+  float* pc = c.data();
+  // Column blocks split over threads: each computes and stores its own columns of the result
+  // (every element the same sum in the same order on any split).
+  auto cols = [&](int64_t blk0, int64_t blk1) {
+    gemm(pa, lda, pb, ldb, pc, Np, Mp, K, blk0 * kColBlock, blk1 * kColBlock);
+    store_cols(in, slots, pc, Np, blk0 * kColBlock, std::min(N, blk1 * kColBlock));
+  };
+  // NOTE: a parallel region costs microseconds; a full 128 x 512 x 128 tile is ~8 M FMAs.
+  constexpr int64_t kParallelFmas = int64_t{1} << 20;
+  const int64_t n_blocks = Np / kColBlock;
+  if (parallel && n_blocks > 1 && M * N * K >= kParallelFmas)
+    runtime::parallel_for(0, n_blocks, 1, cols);
+  else
+    cols(0, n_blocks);
 }
 
 }  // namespace openneuron::nki

@@ -1,7 +1,11 @@
-// Parsing and checking of a traced NKI program, and the run loop over its grid instances. The
-// per-instruction loops are in execute.cpp (elementwise, reductions) and matmul.cpp.
+// Parsing and checking of a traced NKI program, its schedule (consecutive instructions grouped
+// to run block of rows by block of rows, see Group in program.h), and the run loop over its grid
+// instances. The per-instruction loops are in execute.cpp (elementwise, reductions) and
+// matmul.cpp.
 #include "nki/program.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -186,6 +190,120 @@ Instr read_instr(Reader& r, const Program& p) {
   return in;
 }
 
+// --- the schedule: instructions grouped for row-block execution ------------------------------
+
+// The bytes one view operand touches: [lo, hi) over the whole iteration box, and [row_lo, row_hi)
+// at row 0 of axis 0, each later row row_stride further (0 when there is a single row).
+struct Footprint {
+  int32_t slot = 0;
+  int64_t lo = 0, hi = 0, row_lo = 0, row_hi = 0, row_stride = 0;
+};
+
+// Only for views that passed check_view (all within their slot) of a non-empty box.
+Footprint footprint(const Operand& o, const Instr& in) {
+  const int64_t size = static_cast<int64_t>(dtype_size(o.dtype));
+  int64_t rel_lo = 0, rel_hi = 0;
+  for (int d = 1; d < in.ndim; ++d) {
+    const int64_t reach = o.stride[d] * (in.extent[d] - 1);
+    (reach < 0 ? rel_lo : rel_hi) += reach;
+  }
+  Footprint f;
+  f.slot = o.slot;
+  f.row_lo = (o.offset + rel_lo) * size;
+  f.row_hi = (o.offset + rel_hi + 1) * size;
+  f.row_stride = in.extent[0] > 1 ? o.stride[0] * size : 0;
+  const int64_t reach0 = f.row_stride * (in.extent[0] - 1);
+  f.lo = f.row_lo + std::min<int64_t>(0, reach0);
+  f.hi = f.row_hi + std::max<int64_t>(0, reach0);
+  return f;
+}
+
+// True when no element that a touches in row p is touched by b in a row q != p: the two do not
+// overlap at all, or they step through memory row by row alike and both fit in one row's
+// period (then row p of a and row q of b are p - q periods apart).
+bool rows_independent(const Footprint& a, const Footprint& b) {
+  if (a.slot != b.slot || a.hi <= b.lo || b.hi <= a.lo) return true;
+  if (a.row_stride <= 0 || a.row_stride != b.row_stride) return false;
+  return std::max(a.row_hi, b.row_hi) - std::min(a.row_lo, b.row_lo) <= a.row_stride;
+}
+
+int64_t saturating_mul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+bool row_blockable(const Instr& in) {
+  if (in.kind != Kind::kElementwise || in.ndim < 2 || in.nreduce >= in.ndim) return false;
+  for (int d = 0; d < in.ndim; ++d)
+    if (in.extent[d] == 0) return false;
+  return true;
+}
+
+// NOTE: kMaxGroup bounds the parse-time checks (each instruction against its group's
+// footprints); kBlockBytes is one instruction's float32 lanes per block, so that the tiles a
+// block touches stay in L1.
+constexpr int32_t kMaxGroup = 64;
+constexpr int64_t kBlockBytes = 8192;
+
+std::vector<Group> schedule(const std::vector<Instr>& instrs) {
+  std::vector<Group> groups;
+  std::vector<Footprint> reads, writes;
+  Group g;
+  int64_t row_lanes = 1;
+  auto close = [&] {
+    if (g.end > g.begin) {
+      g.block_rows = std::max<int64_t>(1, kBlockBytes / 4 / row_lanes);
+      groups.push_back(g);
+    }
+    g = Group{};
+    row_lanes = 1;
+    reads.clear();
+    writes.clear();
+  };
+  std::vector<Footprint> in_reads;
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    const Instr& in = instrs[i];
+    const int32_t at = static_cast<int32_t>(i);
+    in_reads.clear();
+    Footprint w;
+    bool ok = row_blockable(in);
+    if (ok) {
+      w = footprint(in.dst, in);
+      for (const Operand& o : in.src)
+        if (o.type == Operand::kView) in_reads.push_back(footprint(o, in));
+      for (const Footprint& r : in_reads) ok = ok && rows_independent(w, r);
+    }
+    if (!ok) {  // run whole, alone
+      close();
+      groups.push_back(Group{at, at + 1, false, 0, 1, 0});
+      continue;
+    }
+    bool joins = g.end > g.begin && g.end - g.begin < kMaxGroup;
+    for (size_t k = 0; joins && k < writes.size(); ++k) joins = rows_independent(w, writes[k]);
+    for (size_t k = 0; joins && k < reads.size(); ++k) joins = rows_independent(w, reads[k]);
+    for (size_t k = 0; joins && k < writes.size(); ++k)
+      for (const Footprint& r : in_reads) joins = joins && rows_independent(r, writes[k]);
+    if (!joins) {
+      close();
+      g.begin = at;
+      g.blocked = true;
+    }
+    g.end = at + 1;
+    int64_t lanes = 1;
+    for (int d = 1; d < in.ndim; ++d) lanes = saturating_mul(lanes, in.extent[d]);
+    row_lanes = std::max(row_lanes, lanes);
+    g.rows = std::max(g.rows, in.extent[0]);
+    const int64_t total = saturating_mul(lanes, in.extent[0]);
+    g.lanes = g.lanes > INT64_MAX - total ? INT64_MAX : g.lanes + total;
+    writes.push_back(w);
+    reads.insert(reads.end(), in_reads.begin(), in_reads.end());
+  }
+  close();
+  return groups;
+}
+
+// --- running ----------------------------------------------------------------------------------
+
 // One arena per thread, reused across runs (a fresh 24 MiB allocation per launch would fault in
 // every page again).
 char* thread_arena(int64_t bytes) {
@@ -205,18 +323,65 @@ char* thread_arena(int64_t bytes) {
   return arena.p;
 }
 
-void run_instance(const Program& p, const std::vector<Instr>& instrs, void* const* slots,
-                  bool parallel, uint64_t seed) {
+// The schedule assumes distinct slots are distinct memory; a caller may pass one tensor as two
+// arguments (or overlapping views). A null slot (the executor's own arena) overlaps nothing.
+bool slots_overlap(const Program& p, void* const* slots) {
+  const size_t n = p.slot_bytes.size();
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j < n; ++j) {
+      const auto a = reinterpret_cast<uintptr_t>(slots[i]);
+      const auto b = reinterpret_cast<uintptr_t>(slots[j]);
+      if (a == 0 || b == 0 || p.slot_bytes[i] == 0 || p.slot_bytes[j] == 0) continue;
+      if (a < b + static_cast<uintptr_t>(p.slot_bytes[j]) &&
+          b < a + static_cast<uintptr_t>(p.slot_bytes[i]))
+        return true;
+    }
+  return false;
+}
+
+void run_one(const Instr& in, char* const* slots, bool parallel, uint64_t seed) {
+  if (in.kind == Kind::kMatmul)
+    run_matmul(in, slots, parallel);
+  else
+    run_elementwise(in, slots, parallel, seed);
+}
+
+void run_group(const std::vector<Instr>& instrs, const Group& g, char* const* slots, bool parallel,
+               uint64_t seed) {
+  if (!g.blocked) {
+    run_one(instrs[static_cast<size_t>(g.begin)], slots, parallel, seed);
+    return;
+  }
+  const int64_t n_blocks = (g.rows + g.block_rows - 1) / g.block_rows;
+  auto blocks = [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      const int64_t p0 = blk * g.block_rows;
+      const int64_t p1 = std::min(g.rows, p0 + g.block_rows);
+      for (int32_t i = g.begin; i < g.end; ++i)
+        run_elementwise_rows(instrs[static_cast<size_t>(i)], slots, seed, p0, p1);
+    }
+  };
+  // NOTE: a parallel region costs a few microseconds: worth it from ~32 K lanes of work.
+  constexpr int64_t kParallelLanes = int64_t{1} << 15;
+  if (parallel && n_blocks > 1 && g.lanes >= kParallelLanes)
+    runtime::parallel_for(0, n_blocks, 1, blocks);
+  else
+    blocks(0, n_blocks);
+}
+
+// in_order: instruction by instruction, as written (aliasing slots).
+void run_instance(const Program& p, size_t instance, void* const* slots, bool parallel,
+                  bool in_order, uint64_t seed) {
   const size_t n_slots = p.slot_bytes.size();
   char* local[64];
   for (size_t i = 0; i < n_slots; ++i) local[i] = static_cast<char*>(slots[i]);
   if (local[n_slots - 1] == nullptr) local[n_slots - 1] = thread_arena(p.slot_bytes.back());
-  for (const Instr& in : instrs) {
-    if (in.kind == Kind::kMatmul)
-      run_matmul(in, local);
-    else
-      run_elementwise(in, local, parallel, seed);
+  const std::vector<Instr>& instrs = p.instances[instance];
+  if (in_order) {
+    for (const Instr& in : instrs) run_one(in, local, parallel, seed);
+    return;
   }
+  for (const Group& g : p.schedules[instance]) run_group(instrs, g, local, parallel, seed);
 }
 
 }  // namespace
@@ -238,6 +403,7 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
     instrs.reserve(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) instrs.push_back(read_instr(r, *p));
     p->n_instrs += n;
+    p->schedules.push_back(schedule(instrs));
     p->instances.push_back(std::move(instrs));
   }
   if (!r.done()) r.fail("trailing words");
@@ -247,8 +413,9 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
 void program_run(const Program& p, void* const* slots) {
   const uint64_t seed = p.launches.fetch_add(1, std::memory_order_relaxed);
   const int64_t n = static_cast<int64_t>(p.instances.size());
+  const bool in_order = slots_overlap(p, slots);
   if (n == 1) {
-    run_instance(p, p.instances[0], slots, /*parallel=*/true, seed);
+    run_instance(p, 0, slots, /*parallel=*/true, in_order, seed);
     return;
   }
   // Each instance gets its own arena (its thread's) unless the caller passed one; instances
@@ -259,13 +426,14 @@ void program_run(const Program& p, void* const* slots) {
   std::string error;
   std::atomic_flag error_taken = ATOMIC_FLAG_INIT;
   if (!own_arena) {  // one caller arena cannot serve instances at once
-    for (int64_t g = 0; g < n; ++g) run_instance(p, p.instances[g], slots, true, seed);
+    for (int64_t g = 0; g < n; ++g)
+      run_instance(p, static_cast<size_t>(g), slots, true, in_order, seed);
     return;
   }
   runtime::parallel_for(0, n, 1, [&](int64_t b, int64_t e) {
     for (int64_t g = b; g < e && !failed.load(std::memory_order_relaxed); ++g) {
       try {
-        run_instance(p, p.instances[static_cast<size_t>(g)], shared.data(), false, seed);
+        run_instance(p, static_cast<size_t>(g), shared.data(), false, in_order, seed);
       } catch (const std::exception& ex) {
         if (!error_taken.test_and_set()) error = ex.what();
         failed.store(true);

@@ -108,11 +108,28 @@ struct Instr {
   int32_t line = -1;  // index into Program::lines
 };
 
+// A run of consecutive elementwise instructions [begin, end) of one instance that the executor
+// runs block of rows by block of rows (rows = axis 0 of each instruction): every instruction
+// over rows [p, p + block_rows), then the next block; blocks in parallel. program_parse forms a
+// group only where no row of one instruction reads or writes memory that another row of any
+// instruction in the group writes, so each element sees the same operations in the same order
+// as instruction by instruction (results are bitwise the same); intermediate tiles then stay in
+// L1 (one pass over memory for a chain). blocked = false: one instruction, run whole.
+struct Group {
+  int32_t begin = 0;
+  int32_t end = 0;
+  bool blocked = false;
+  int64_t rows = 0;        // the largest axis-0 extent of the group
+  int64_t block_rows = 1;  // rows per block
+  int64_t lanes = 0;       // lanes of all its instructions (saturated), for the parallel split
+};
+
 struct Program {
   std::string name;                           // the kernel's name, for errors
   std::vector<std::string> lines;             // "file:line" of each recorded call, for errors
   std::vector<int64_t> slot_bytes;            // size of every slot; the last one is the arena
   std::vector<std::vector<Instr>> instances;  // one instruction list per grid instance
+  std::vector<std::vector<Group>> schedules;  // per instance: its instructions in groups
   int64_t n_instrs = 0;
   mutable std::atomic<uint64_t> launches{0};  // dropout's seed: a different mask per run
 };
@@ -128,8 +145,13 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
 // of the same program. Throws std::runtime_error naming the kernel line on failure.
 void program_run(const Program& p, void* const* slots);
 
-// Internals shared by execute.cpp and matmul.cpp.
+// Internals shared by execute.cpp and matmul.cpp. `parallel`: the instruction may split over
+// threads (false inside grid instances, which already run in parallel).
 void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_t seed);
-void run_matmul(const Instr& in, char* const* slots);
+// Rows [p0, p1) of axis 0 (clipped to the instruction's extent) of an instruction with at least
+// two axes and at least one unreduced axis, on the calling thread.
+void run_elementwise_rows(const Instr& in, char* const* slots, uint64_t seed, int64_t p0,
+                          int64_t p1);
+void run_matmul(const Instr& in, char* const* slots, bool parallel);
 
 }  // namespace openneuron::nki

@@ -1,6 +1,7 @@
 // The NKI executor (csrc/nki) on hand-encoded programs: an elementwise instruction with a
-// per-row predicate, a reduction, a tile matmul, and the parser's refusal of any operand that
-// leaves its slot (the guarantee that no traced program can fault).
+// per-row predicate, a reduction, a tile matmul, the parser's refusal of any operand that
+// leaves its slot (the guarantee that no traced program can fault), and the schedule: chains
+// run in row blocks, a cross-row dependency or aliasing arguments keep the written order.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,6 +15,7 @@ namespace openneuron::nki {
 namespace {
 
 constexpr int kAdd = static_cast<int>(Op::k_add);
+constexpr int kMul = static_cast<int>(Op::k_multiply);
 
 int64_t f64(double d) {
   int64_t w;
@@ -108,6 +110,96 @@ TEST(Nki, OperandOutsideItsSlotIsRejected) {
   e.operand(1, 0, 0, {0, 0}, 1.0);
   e.w.insert(e.w.end(), {0, 0});
   EXPECT_THROW(e.parse(), std::invalid_argument);
+}
+
+// A [4 x F] float32 view of `slot` at `offset` (rows of F).
+void rows_view(Encoder& e, int slot, int64_t offset, int64_t F) {
+  e.operand(0, slot, offset, {F, 1});
+}
+
+// Rows of 1024 floats: two rows to a block, so the chain runs as two blocks.
+TEST(Nki, ChainRunsInRowBlocks) {
+  constexpr int64_t F = 1024, kBytes = 4 * F * 4;
+  // slots: a, b, out, arena (two tiles)
+  Encoder e({kBytes, kBytes, kBytes, 2 * kBytes});
+  e.w.insert(e.w.end(), {1, 3});
+  e.header(0, {4, F});  // t = load a
+  rows_view(e, 3, 0, F);
+  e.w.push_back(1);
+  rows_view(e, 0, 0, F);
+  e.w.insert(e.w.end(), {0, 0});
+  e.header(0, {4, F});  // u = t * 2
+  rows_view(e, 3, 4 * F, F);
+  e.w.push_back(2);
+  rows_view(e, 3, 0, F);
+  e.operand(1, 0, 0, {0, 0}, 2.0);
+  e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+  e.header(0, {4, F});  // out = u + b
+  rows_view(e, 2, 0, F);
+  e.w.push_back(2);
+  rows_view(e, 3, 4 * F, F);
+  rows_view(e, 1, 0, F);
+  e.w.insert(e.w.end(), {1, kAdd, 0, 1, 0, 0});
+  auto p = e.parse();
+  ASSERT_EQ(p->schedules[0].size(), 1u);
+  EXPECT_TRUE(p->schedules[0][0].blocked);
+  EXPECT_LT(p->schedules[0][0].block_rows, 4);
+  std::vector<float> a(4 * F), b(4 * F), out(4 * F);
+  for (int64_t i = 0; i < 4 * F; ++i) a[i] = 0.25f * static_cast<float>(i % 37), b[i] = 1.0f;
+  void* slots[] = {a.data(), b.data(), out.data(), nullptr};
+  program_run(*p, slots);
+  for (int64_t i = 0; i < 4 * F; ++i) ASSERT_EQ(out[i], a[i] * 2.0f + 1.0f) << i;
+}
+
+// The second instruction reads row p + 1 of the tile the first one writes: not one group.
+TEST(Nki, CrossRowReadEndsTheGroup) {
+  constexpr int64_t F = 1024, kBytes = 4 * F * 4;
+  Encoder e({kBytes, kBytes, kBytes});  // a, out, arena
+  e.w.insert(e.w.end(), {1, 2});
+  e.header(0, {4, F});  // t = a * 3
+  rows_view(e, 2, 0, F);
+  e.w.push_back(2);
+  rows_view(e, 0, 0, F);
+  e.operand(1, 0, 0, {0, 0}, 3.0);
+  e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+  e.header(0, {3, F});  // out[p] = t[p + 1]
+  rows_view(e, 1, 0, F);
+  e.w.push_back(1);
+  rows_view(e, 2, F, F);
+  e.w.insert(e.w.end(), {0, 0});
+  auto p = e.parse();
+  EXPECT_EQ(p->schedules[0].size(), 2u);
+  std::vector<float> a(4 * F), out(4 * F, -1.0f);
+  for (int64_t i = 0; i < 4 * F; ++i) a[i] = static_cast<float>(i);
+  void* slots[] = {a.data(), out.data(), nullptr};
+  program_run(*p, slots);
+  for (int64_t i = 0; i < 3 * F; ++i) ASSERT_EQ(out[i], 3.0f * a[i + F]) << i;
+}
+
+// One buffer passed as two arguments: the first instruction updates row p + 1 before the
+// second reads it, as written, although the schedule (slots as distinct memory) grouped them.
+TEST(Nki, AliasingArgumentsRunAsWritten) {
+  constexpr int64_t F = 2048, kBytes = 4 * F * 4;
+  Encoder e({kBytes, kBytes, kBytes, 64});  // x, x again, out, arena
+  e.w.insert(e.w.end(), {1, 2});
+  e.header(0, {4, F});  // slot1 = slot0 + 1
+  rows_view(e, 1, 0, F);
+  e.w.push_back(2);
+  rows_view(e, 0, 0, F);
+  e.operand(1, 0, 0, {0, 0}, 1.0);
+  e.w.insert(e.w.end(), {1, kAdd, 0, 1, 0, 0});
+  e.header(0, {3, F});  // out[p] = slot0[p + 1]
+  rows_view(e, 2, 0, F);
+  e.w.push_back(1);
+  rows_view(e, 0, F, F);
+  e.w.insert(e.w.end(), {0, 0});
+  auto p = e.parse();
+  ASSERT_EQ(p->schedules[0].size(), 1u);
+  std::vector<float> x(4 * F), out(4 * F);
+  for (int64_t i = 0; i < 4 * F; ++i) x[i] = static_cast<float>(i);
+  void* slots[] = {x.data(), x.data(), out.data(), nullptr};
+  program_run(*p, slots);
+  for (int64_t i = 0; i < 3 * F; ++i) ASSERT_EQ(out[i], static_cast<float>(i + F) + 1.0f) << i;
 }
 
 }  // namespace
