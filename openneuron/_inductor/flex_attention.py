@@ -39,7 +39,7 @@ def patch_validate_device(module) -> None:
 def patch_autograd(module) -> None:
     """The flex_attention HOP's Autograd rule (torch._higher_order_ops.flex_attention): neuron
     inputs that need gradients, or a logsumexp, take the differentiable dense math (see the
-    module docstring)."""
+    module docstring). Also its autocast rule for neuron."""
     from torch._C import DispatchKey
 
     hop = module.flex_attention
@@ -67,7 +67,21 @@ def patch_autograd(module) -> None:
 
     autograd._openneuron = True
     hop.py_kernels[DispatchKey.Autograd] = autograd
+    if DispatchKey.AutocastPrivateUse1 not in hop.py_kernels:
+        hop.py_impl(DispatchKey.AutocastPrivateUse1)(functools.partial(_autocast, module))
     hop._dispatch_cache.clear()
+
+
+def _autocast(module, query, key, value, *rest):
+    """Under torch.autocast("neuron"): q, k, v cast to the autocast dtype, then the op below
+    autocast (PyTorch registers this shim for CPU and CUDA only)."""
+    from torch.amp.autocast_mode import _cast
+
+    dtype = torch.get_autocast_dtype(NEURON)
+    query, key, value = (_cast(t, NEURON, dtype) for t in (query, key, value))
+    keys = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
+    with torch._C._ExcludeDispatchKeyGuard(keys):
+        return module.flex_attention(query, key, value, *rest)
 
 
 def patch_lowering() -> None:

@@ -249,3 +249,25 @@ def test_hugging_face_llama_with_flex_attention_matches_cpu_sdpa():
                                    rtol=1e-5, atol=1e-5)
     got = model.generate(ids[:1, :8].to(DEV), max_new_tokens=10, do_sample=False)
     assert torch.equal(got.cpu(), ref.generate(ids[:1, :8], max_new_tokens=10, do_sample=False))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_under_autocast(compiled):
+    # torch.autocast("neuron", bfloat16): q, k, v cast to bf16 (PyTorch's shim exists for CPU
+    # and CUDA only), gradients flow back to the float32 inputs
+    q, k, v = inputs()
+    block_mask = create_block_mask(causal, None, None, S, S, device=DEV)
+    attn = torch.compile(flex_attention) if compiled else flex_attention
+
+    def run(q, k, v):
+        with torch.autocast("neuron", dtype=torch.bfloat16):
+            out = attn(q, k, v, block_mask=block_mask)
+        assert out.dtype == torch.bfloat16
+        return out.float()
+
+    out, got = grads(run, q, k, v, DEV)
+    ref_out, ref = grads(lambda q, k, v: reference(q, k, v, dense_mask(causal)), q, k, v, "cpu")
+    torch.testing.assert_close(out, ref_out.float(), rtol=2e-2, atol=2e-2)
+    for name, a, b in zip("qkv", got, ref):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b.float(), rtol=5e-2, atol=5e-2, msg=f"grad of {name}")
