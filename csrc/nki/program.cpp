@@ -138,6 +138,8 @@ void check_view(const Reader& r, const Program& p, const Operand& o, const Instr
   }
 }
 
+constexpr int64_t kColumnRows = 128;  // partitions of a tile
+
 Instr read_instr(Reader& r, const Program& p) {
   Instr in;
   const int n_slots = static_cast<int>(p.slot_bytes.size());
@@ -187,16 +189,25 @@ Instr read_instr(Reader& r, const Program& p) {
   for (const Operand& o : in.src)
     if (o.type == Operand::kView) check_view(r, p, o, in, "operand");
   check_view(r, p, in.dst, in, "destination");
+  // NOTE: a one-axis elementwise instruction over at most a partition's worth of elements (a
+  // [P, 1] tile's column: an rstd store, a per-row scale) becomes P rows of one lane (strides
+  // and predicate coefficients of the new axis are 0) so that it joins its neighbours'
+  // row-block group; the same lanes see the same operations, so results are bitwise the same.
+  if (in.kind == Kind::kElementwise && in.ndim == 1 && in.nreduce == 0 &&
+      in.extent[0] <= kColumnRows) {
+    in.ndim = 2;
+    in.extent[1] = 1;
+  }
   return in;
 }
 
 // --- the schedule: instructions grouped for row-block execution ------------------------------
 
 // The bytes one view operand touches: [lo, hi) over the whole iteration box, and [row_lo, row_hi)
-// at row 0 of axis 0, each later row row_stride further (0 when there is a single row).
+// at row 0 of axis 0, each later row row_stride further, over `rows` rows.
 struct Footprint {
   int32_t slot = 0;
-  int64_t lo = 0, hi = 0, row_lo = 0, row_hi = 0, row_stride = 0;
+  int64_t lo = 0, hi = 0, row_lo = 0, row_hi = 0, row_stride = 0, rows = 1;
 };
 
 // Only for views that passed check_view (all within their slot) of a non-empty box.
@@ -209,9 +220,10 @@ Footprint footprint(const Operand& o, const Instr& in) {
   }
   Footprint f;
   f.slot = o.slot;
+  f.rows = in.extent[0];
   f.row_lo = (o.offset + rel_lo) * size;
   f.row_hi = (o.offset + rel_hi + 1) * size;
-  f.row_stride = in.extent[0] > 1 ? o.stride[0] * size : 0;
+  f.row_stride = o.stride[0] * size;
   const int64_t reach0 = f.row_stride * (in.extent[0] - 1);
   f.lo = f.row_lo + std::min<int64_t>(0, reach0);
   f.hi = f.row_hi + std::max<int64_t>(0, reach0);
@@ -219,12 +231,25 @@ Footprint footprint(const Operand& o, const Instr& in) {
 }
 
 // True when no element that a touches in row p is touched by b in a row q != p: the two do not
-// overlap at all, or they step through memory row by row alike and both fit in one row's
-// period (then row p of a and row q of b are p - q periods apart).
+// overlap at all, or both touch row 0 only, or they step through memory row by row alike (a
+// footprint with one row or a zero row stride counts as stepping like the other) and both fit
+// in one row's period, so that row p of a and row q of b are p - q periods apart. A footprint
+// that touches the same bytes in every one of several rows (row stride 0) must moreover miss
+// the other's row 0.
 bool rows_independent(const Footprint& a, const Footprint& b) {
   if (a.slot != b.slot || a.hi <= b.lo || b.hi <= a.lo) return true;
-  if (a.row_stride <= 0 || a.row_stride != b.row_stride) return false;
-  return std::max(a.row_hi, b.row_hi) - std::min(a.row_lo, b.row_lo) <= a.row_stride;
+  if (a.rows == 1 && b.rows == 1) return true;
+  const bool a_fixed = a.rows == 1 || a.row_stride == 0;
+  const bool b_fixed = b.rows == 1 || b.row_stride == 0;
+  if (a_fixed && b_fixed) return false;
+  if (!a_fixed && !b_fixed && a.row_stride != b.row_stride) return false;
+  const int64_t period = a_fixed ? b.row_stride : a.row_stride;
+  if (period <= 0 || std::max(a.row_hi, b.row_hi) - std::min(a.row_lo, b.row_lo) > period)
+    return false;
+  const bool a_repeats = a.rows > 1 && a.row_stride == 0;
+  const bool b_repeats = b.rows > 1 && b.row_stride == 0;
+  if (a_repeats || b_repeats) return a.row_hi <= b.row_lo || b.row_hi <= a.row_lo;
+  return true;
 }
 
 int64_t saturating_mul(int64_t a, int64_t b) {

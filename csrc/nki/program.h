@@ -4,9 +4,11 @@
 // (csrc/aten/nki_launch.cpp queues a run on a neuron stream); no torch includes.
 //
 // A program has slots (kernel inputs and outputs in HBM, then one arena holding every SBUF/PSUM
-// tile and HBM scratch buffer at offsets the tracer assigned) and one instruction list per SPMD
-// grid instance. Every operand is an affine access pattern: offset + one stride per iteration
-// axis. Masks are affine predicates, so each row's active lanes are one interval.
+// tile and HBM scratch buffer at offsets the tracer assigned; tiles partition-major, partition q
+// of every tile a fixed pitch after partition q - 1, so rows of different tiles never alias)
+// and one instruction list per SPMD grid instance. Every operand is an affine access pattern:
+// offset + one stride per iteration axis. Masks are affine predicates, so each row's active
+// lanes are one interval.
 #pragma once
 
 #include <atomic>

@@ -144,7 +144,7 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
         for j, k in enumerate(new_outputs):
             m[t.hbm_allocs[k]] = n_in + j
         # HBM scratch: after the tiles in this instance's arena
-        end = (t.arena.peak + 63) // 64 * 64
+        end = t.layout()
         for bid in t.hbm_allocs:
             if bid not in m:
                 info = t.buffers[bid]

@@ -145,7 +145,9 @@ class Buffer:
 
 
 class Arena:
-    """First-fit placement of live tiles in the executor's per-thread arena (64-byte aligned)."""
+    """First-fit placement of live tiles within one partition (64-byte aligned): a tile holds
+    the same byte range [offset, offset + bytes per partition) in every partition, as on the
+    hardware (see layout())."""
 
     def __init__(self):
         self.free = []  # sorted (offset, size)
@@ -248,9 +250,12 @@ class Trace:
         self.instrs: list[Instr] = []
         self.lines = lines  # shared by the instances of one program
         self.line_index = line_index
-        self.buffers = {}  # id -> (kind, dtype, nbytes, role, arena offset)
+        self.buffers = {}  # id -> (kind, dtype, nbytes, role, offset: in a partition for tiles)
         self.buffer_ids = buffer_ids
         self.arena = Arena()
+        self.tiles = {}  # tile id -> [elements per partition, partition offset, linear offset]
+        self.partitions = 0  # the most partitions any tile spans
+        self.pitch = 0  # bytes from one partition to the next in the executor's arena
         self.sbuf_used = 0
         self.psum_used = 0
         self.sbuf_peak = 0
@@ -300,9 +305,11 @@ class Trace:
                      f"tiles or drop references to tiles no longer needed")
             self.sbuf_used += per_partition
             self.sbuf_peak = max(self.sbuf_peak, self.sbuf_used)
-        off = self.arena.alloc(buf.nbytes)
+        off = self.arena.alloc(per_partition) if per_partition else 0
         self.buffers[buf.id][2] = buf.nbytes
         self.buffers[buf.id][4] = off
+        self.tiles[buf.id] = [buf.numel // p if p else 0, off, None]
+        self.partitions = max(self.partitions, p)
         buf.per_partition = per_partition
 
     def free_tile(self, buf: Buffer):
@@ -310,11 +317,37 @@ class Trace:
             self.psum_used -= buf.per_partition
         else:
             self.sbuf_used -= buf.per_partition
-        self.arena.release(self.buffers[buf.id][4], buf.nbytes)
+        if buf.per_partition:
+            self.arena.release(self.buffers[buf.id][4], buf.per_partition)
 
     def add(self, instr: Instr) -> Instr:
         self.instrs.append(instr)
         return instr
+
+    def layout(self) -> int:
+        """Places the tiles in the executor's arena once the trace is complete and returns the
+        bytes they take. Partition q of a tile at partition offset `off` starts at byte
+        q * pitch + off, so tiles of any shape that share no partition bytes share no arena
+        bytes, and a row (partition) of one tile never aliases another row of any tile: the
+        executor then runs whole tile loops in row blocks (csrc/nki/program.cpp). A tile that
+        some operand walks across partitions within one axis (an `ap` pattern over the
+        flattened tile) gets its own contiguous, row-major bytes after the partitions."""
+        # NOTE: an odd number of 64-byte lines per partition keeps the rows of a block in
+        # different L1 sets (a 4 KiB multiple would put them all in one).
+        lines = (self.arena.peak + 63) // 64
+        self.pitch = (lines + 1 - lines % 2) * 64 if lines else 0
+        end = self.pitch * self.partitions
+        for ins in self.instrs:
+            if not ins.enabled:
+                continue
+            for o in (ins.dst, *ins.src):
+                if o.type != 0 or o.buf not in self.tiles:
+                    continue
+                tile = self.tiles[o.buf]
+                if tile[2] is None and _partition_view(o, ins.extent, tile[0], 1) is None:
+                    tile[2] = end
+                    end += (self.buffers[o.buf][2] + 63) // 64 * 64
+        return end
 
 
 def encode(program_traces: list, slots: dict, slot_bytes: list, arena_slot: int) -> np.ndarray:
@@ -328,10 +361,10 @@ def encode(program_traces: list, slots: dict, slot_bytes: list, arena_slot: int)
             nd = len(ins.extent)
             words += [ins.kind, nd, *ins.extent, ins.nreduce, OPS[ins.reduce_op],
                       int(ins.accumulate), OPS[ins.acc_op], _f64_word(ins.post_scale), ins.line]
-            _encode_operand(words, ins.dst, t, slots, arena_slot, nd)
+            _encode_operand(words, ins.dst, t, slots, arena_slot, ins.extent)
             words.append(len(ins.src))
             for o in ins.src:
-                _encode_operand(words, o, t, slots, arena_slot, nd)
+                _encode_operand(words, o, t, slots, arena_slot, ins.extent)
             words.append(len(ins.steps))
             for op, a, b, c in ins.steps:
                 words += [OPS[op], a, b, c]
@@ -341,13 +374,47 @@ def encode(program_traces: list, slots: dict, slot_bytes: list, arena_slot: int)
     return np.asarray(words, dtype=np.int64)
 
 
-def _encode_operand(words, o: Operand, t: Trace, slots, arena_slot, nd):
+def _partition_view(o: Operand, extent, per_partition: int, pitch: int):
+    """A tile operand's (element offset, strides) in partition-major memory, `pitch` elements
+    from one partition to the next, relative to the tile's partition offset: each axis either
+    steps whole partitions (its stride a multiple of the elements per partition) or stays
+    within every partition it visits. None when some axis crosses partitions otherwise."""
+    strides = list(o.strides) + [0] * (len(extent) - len(o.strides))
+    if per_partition == 0:
+        return o.offset, strides
+    p0, f0 = divmod(o.offset, per_partition)
+    lo = hi = f0
+    mapped = []
+    for st, n in zip(strides, extent):
+        if st % per_partition == 0:
+            mapped.append(st // per_partition * pitch)
+            continue
+        reach = st * (n - 1) if n > 1 else 0
+        if reach < 0:
+            lo += reach
+        else:
+            hi += reach
+        mapped.append(st)
+    if lo < 0 or hi >= per_partition:
+        return None
+    return p0 * pitch + f0, mapped
+
+
+def _encode_operand(words, o: Operand, t: Trace, slots, arena_slot, extent):
     slot, offset = 0, o.offset
+    strides = list(o.strides) + [0] * (len(extent) - len(o.strides))
     if o.type == 0:
         if o.buf in slots:
             slot = slots[o.buf]
         else:
             slot = arena_slot
-            offset += t.buffers[o.buf][4] // DTYPE_SIZES[o.dtype]
-    strides = list(o.strides) + [0] * (nd - len(o.strides))
+            size = DTYPE_SIZES[o.dtype]
+            tile = t.tiles.get(o.buf)
+            if tile is None:  # HBM scratch
+                offset += t.buffers[o.buf][4] // size
+            elif tile[2] is not None:  # row-major (see Trace.layout)
+                offset += tile[2] // size
+            else:
+                view = _partition_view(o, extent, tile[0], t.pitch // size)
+                offset, strides = view[0] + tile[1] // size, view[1]
     words += [o.type, DTYPE_CODES[o.dtype], slot, offset, *strides, _f64_word(o.value)]

@@ -1,7 +1,8 @@
 // The NKI executor (csrc/nki) on hand-encoded programs: an elementwise instruction with a
 // per-row predicate, a reduction, a tile matmul, the parser's refusal of any operand that
 // leaves its slot (the guarantee that no traced program can fault), and the schedule: chains
-// run in row blocks, a cross-row dependency or aliasing arguments keep the written order.
+// run in row blocks (partition-broadcast reads and one-axis column instructions among them), a
+// cross-row dependency or aliasing arguments keep the written order.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -200,6 +201,67 @@ TEST(Nki, AliasingArgumentsRunAsWritten) {
   void* slots[] = {x.data(), x.data(), out.data(), nullptr};
   program_run(*p, slots);
   for (int64_t i = 0; i < 3 * F; ++i) ASSERT_EQ(out[i], static_cast<float>(i + F) + 1.0f) << i;
+}
+
+// Tiles laid out partition-major (the tracer's arena): rows kPitch floats apart, tile t at
+// t * F in every row. A tile of weights read by every row (row stride 0) joins the group of
+// the instructions around it; reading row 0 of a tile the group writes does not.
+TEST(Nki, PartitionBroadcastReadJoinsTheGroupUnlessTheGroupWritesIt) {
+  constexpr int64_t F = 256, kPitch = 2 * F, kBytes = 4 * F * 4;
+  for (const bool reads_own_row0 : {false, true}) {
+    Encoder e({kBytes, kBytes, 4 * kPitch * 4});  // a, out, arena (t at 0, w at F)
+    e.w.insert(e.w.end(), {1, 2});
+    e.header(0, {4, F});  // t = a * 2
+    e.operand(0, 2, 0, {kPitch, 1});
+    e.w.push_back(2);
+    rows_view(e, 0, 0, F);
+    e.operand(1, 0, 0, {0, 0}, 2.0);
+    e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+    e.header(0, {4, F});  // out[p] = t[p] * w (or * t[0])
+    rows_view(e, 1, 0, F);
+    e.w.push_back(2);
+    e.operand(0, 2, 0, {kPitch, 1});
+    e.operand(0, 2, reads_own_row0 ? 0 : F, {0, 1});
+    e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+    auto p = e.parse();
+    EXPECT_EQ(p->schedules[0].size(), reads_own_row0 ? 2u : 1u);
+    std::vector<float> a(4 * F), out(4 * F), arena(4 * kPitch);
+    for (int64_t i = 0; i < 4 * F; ++i) a[i] = static_cast<float>(i % 53);
+    for (int64_t j = 0; j < F; ++j) arena[F + j] = 0.5f * static_cast<float>(j);
+    void* slots[] = {a.data(), out.data(), arena.data()};
+    program_run(*p, slots);
+    for (int64_t i = 0; i < 4 * F; ++i) {
+      const float w = reads_own_row0 ? a[i % F] * 2.0f : 0.5f * static_cast<float>(i % F);
+      ASSERT_EQ(out[i], a[i] * 2.0f * w) << i;
+    }
+  }
+}
+
+// A one-axis instruction over a [P, 1] column (an rstd store) runs as P rows of one lane and
+// stays in its neighbours' group.
+TEST(Nki, ColumnInstructionJoinsTheGroup) {
+  constexpr int64_t F = 256, kPitch = 2 * F, kBytes = 4 * F * 4;
+  Encoder e({kBytes, 4 * 4, 4 * kPitch * 4});  // a, col, arena (t at 0)
+  e.w.insert(e.w.end(), {1, 2});
+  e.header(0, {4, F});  // t = a + 1
+  e.operand(0, 2, 0, {kPitch, 1});
+  e.w.push_back(2);
+  rows_view(e, 0, 0, F);
+  e.operand(1, 0, 0, {0, 0}, 1.0);
+  e.w.insert(e.w.end(), {1, kAdd, 0, 1, 0, 0});
+  e.header(0, {4});  // col[p] = t[p, 3]
+  e.operand(0, 1, 0, {1});
+  e.w.push_back(1);
+  e.operand(0, 2, 3, {kPitch});
+  e.w.insert(e.w.end(), {0, 0});
+  auto p = e.parse();
+  ASSERT_EQ(p->schedules[0].size(), 1u);
+  EXPECT_TRUE(p->schedules[0][0].blocked);
+  std::vector<float> a(4 * F), col(4), arena(4 * kPitch);
+  for (int64_t i = 0; i < 4 * F; ++i) a[i] = static_cast<float>(i);
+  void* slots[] = {a.data(), col.data(), arena.data()};
+  program_run(*p, slots);
+  for (int64_t r = 0; r < 4; ++r) ASSERT_EQ(col[r], a[r * F + 3] + 1.0f) << r;
 }
 
 }  // namespace

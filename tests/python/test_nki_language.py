@@ -265,6 +265,65 @@ def test_uninitialized_tile_reads_nan_and_masked_lanes_stay_unwritten():
     assert np.isnan(r[4:]).all()
 
 
+def test_fresh_tile_in_freed_bytes_reads_nan():
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((2, 8, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        i_p = nl.arange(8)[:, None]
+        i_f = nl.arange(4)[None, :]
+        for it in nl.affine_range(2):
+            full = nl.load(a)  # its bytes are free again after this iteration's store
+            nl.store(out[it], full)
+            t = nl.ndarray((8, 4), dtype=nl.float32)
+            t[i_p, i_f] = nl.load(a[i_p, i_f], mask=(i_p < 4))
+            nl.store(out[it], t)
+        return out
+
+    a = rand(8, 4)
+    r = k(a)
+    for it in range(2):
+        np.testing.assert_array_equal(r[it, :4], a[:4])
+        assert np.isnan(r[it, 4:]).all()
+
+
+def test_tiles_of_different_shapes_share_on_chip_bytes():
+    # Each tile holds one byte range in every partition; tiles of other shapes and dtypes (and
+    # fewer partitions) take turns in the same bytes from one iteration to the next.
+    @nki.jit
+    def k(a):
+        n, d = a.shape
+        out = nl.ndarray((n, d), dtype=nl.float32, buffer=nl.shared_hbm)
+        half = nl.ndarray((n // 2, d // 2), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        for t in nl.affine_range(n // 128):
+            x = nl.load(a[t * 128:(t + 1) * 128, :])
+            s = nl.sum(x, axis=1, keepdims=True)
+            nl.store(out[t * 128:(t + 1) * 128, :], nl.add(nl.multiply(x, 2.0), s))
+            h = nl.load(a[t * 128:t * 128 + 64, 0:d // 2], dtype=nl.bfloat16)
+            nl.store(half[t * 64:(t + 1) * 64, :], nl.multiply(h, 3.0, dtype=nl.bfloat16))
+        return out, half
+
+    a = torch.from_numpy(rand(512, 96))
+    out, half = k(a)
+    torch.testing.assert_close(out, 2 * a + a.sum(1, keepdim=True), rtol=1e-5, atol=1e-4)
+    ref = (a.bfloat16().float() * 3).bfloat16()
+    torch.testing.assert_close(half, ref.reshape(4, 128, 96)[:, :64, :48].reshape(256, 48),
+                               rtol=0, atol=0)
+
+
+def test_access_pattern_across_partitions():
+    # An `ap` pattern that walks a tile flattened (across partitions within one axis) reads
+    # the tile's elements in row-major order.
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((32,), dtype=nl.float32, buffer=nl.shared_hbm)
+        u = nl.multiply(nl.load(a), 2.0)
+        nl.store(out, u.ap([[1, 32]]))
+        return out
+
+    a = rand(4, 8)
+    np.testing.assert_array_equal(k(a), 2 * a.reshape(-1))
+
+
 def test_dropout_rate():
     @nki.jit
     def k(a):
