@@ -265,9 +265,10 @@ bool row_blockable(const Instr& in) {
 }
 
 // NOTE: kMaxGroup bounds the parse-time checks (each instruction against its group's
-// footprints); kBlockBytes is one instruction's float32 lanes per block, so that the tiles a
-// block touches stay in L1.
-constexpr int32_t kMaxGroup = 64;
+// footprints, a few hundred); each group is one parallel region, which costs a time slice when
+// another process holds a core, so groups span many tile iterations; kBlockBytes is one
+// instruction's float32 lanes per block, so that the tiles a block touches stay in L1.
+constexpr int32_t kMaxGroup = 256;
 constexpr int64_t kBlockBytes = 8192;
 
 std::vector<Group> schedule(const std::vector<Instr>& instrs) {
