@@ -4,6 +4,8 @@
 // matmul.cpp.
 #include "nki/program.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -332,6 +334,10 @@ std::vector<Group> schedule(const std::vector<Instr>& instrs) {
 
 // One arena per thread, reused across runs (a fresh 24 MiB allocation per launch would fault in
 // every page again).
+// NOTE: a tile's rows lie a partition pitch apart (several KiB), so one tile operand touches a
+// page per row with 4 KiB pages; the arena asks for 2 MiB pages, where the kernel gives them.
+constexpr size_t kHugePage = size_t{2} << 20;
+
 char* thread_arena(int64_t bytes) {
   struct Arena {
     char* p = nullptr;
@@ -341,9 +347,10 @@ char* thread_arena(int64_t bytes) {
   thread_local Arena arena;
   if (arena.size < bytes) {
     std::free(arena.p);
-    const size_t rounded = (static_cast<size_t>(bytes) + 4095) & ~size_t{4095};
-    arena.p = static_cast<char*>(std::aligned_alloc(64, rounded));
+    const size_t rounded = (static_cast<size_t>(bytes) + kHugePage - 1) & ~(kHugePage - 1);
+    arena.p = static_cast<char*>(std::aligned_alloc(kHugePage, rounded));
     if (arena.p == nullptr) throw std::bad_alloc();
+    madvise(arena.p, rounded, MADV_HUGEPAGE);  // a hint: without it, 4 KiB pages
     arena.size = static_cast<int64_t>(rounded);
   }
   return arena.p;
