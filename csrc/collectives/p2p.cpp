@@ -1,8 +1,9 @@
 // send/recv of ShmComm: one ring per ordered pair (sender, receiver) in the segment, messages
 // framed by a (tag, bytes) header and streamed through the ring when larger than it. The
 // receiver matches by tag: a message for another tag is read into a private per-(peer, tag)
-// queue, so messages match FIFO per (sender, receiver, tag). The collectives are in
-// shm_comm.cpp.
+// queue, so messages match FIFO per (sender, receiver, tag). Sends and recvs of different tags
+// may run on different threads at once (shm_comm_impl.h: send_mu_, recv_mu_). The collectives
+// are in shm_comm.cpp.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -64,6 +65,7 @@ void ShmCommImpl::send(const void* buf, size_t bytes, int peer, int tag) {
   check_peer("send", peer, tag);
   auto what = [&] { return describe("send", bytes, "to", peer, tag); };
   check_usable(what());
+  std::lock_guard<std::mutex> lock(send_mu_[peer]);
   shm::Channel& ch = channel(rank_, peer);
   uint8_t* ring = channel_data(rank_, peer);
   const size_t cap = layout_.channel_bytes;
@@ -123,29 +125,49 @@ void ShmCommImpl::recv(void* buf, size_t bytes, int peer, int tag) {
          " bytes with tag " + std::to_string(tag) + " but this rank expects " +
          std::to_string(bytes) + "; a send and its matching recv must have the same size");
   };
+  shm::Channel& ch = channel(peer, rank_);
   auto& queued = pending_[peer];
-  if (auto it = queued.find(tag); it != queued.end() && !it->second.empty()) {
-    std::vector<uint8_t> message = std::move(it->second.front());
-    it->second.pop_front();
-    if (it->second.empty()) queued.erase(it);
-    if (message.size() != bytes) size_mismatch(message.size());
-    if (bytes != 0) std::memcpy(buf, message.data(), bytes);
-    return;
-  }
-  uint64_t tail = channel(peer, rank_).tail.load(std::memory_order_relaxed);
   for (;;) {
-    MessageHeader header;
-    channel_read(peer, tail, reinterpret_cast<uint8_t*>(&header), sizeof(header), what);
-    if (header.tag == tag) {
-      if (header.bytes != bytes) size_mismatch(header.bytes);
-      channel_read(peer, tail, static_cast<uint8_t*>(buf), bytes, what);
-      return;
+    const uint64_t seen = queued_[peer].load(std::memory_order_seq_cst);
+    {
+      std::lock_guard<std::mutex> lock(recv_mu_[peer]);
+      if (auto it = queued.find(tag); it != queued.end() && !it->second.empty()) {
+        std::vector<uint8_t> message = std::move(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) queued.erase(it);
+        if (message.size() != bytes) size_mismatch(message.size());
+        if (bytes != 0) std::memcpy(buf, message.data(), bytes);
+        return;
+      }
+      uint64_t tail = ch.tail.load(std::memory_order_relaxed);
+      // NOTE: a header is read only once it is all there, so no thread waits under the lock
+      // for a message that has not started (the one it waits on is streaming, or fails).
+      while (ch.head.load(std::memory_order_seq_cst) - tail >= sizeof(MessageHeader)) {
+        MessageHeader header;
+        channel_read(peer, tail, reinterpret_cast<uint8_t*>(&header), sizeof(header), what);
+        if (header.tag == tag) {
+          if (header.bytes != bytes) size_mismatch(header.bytes);
+          channel_read(peer, tail, static_cast<uint8_t*>(buf), bytes, what);
+          return;
+        }
+        // NOTE: a message for another tag is drained into this rank's memory so that the
+        // sender (which may be streaming it) is never blocked behind a recv for a later one.
+        std::vector<uint8_t> message(header.bytes);
+        channel_read(peer, tail, message.data(), message.size(), what);
+        queued[static_cast<int>(header.tag)].push_back(std::move(message));
+        queued_[peer].fetch_add(1, std::memory_order_seq_cst);
+        shm::futex_wake_all(ch.futex);  // a recv of that tag may be waiting below
+      }
     }
-    // NOTE: a message for another tag is drained into this rank's memory so that the sender
-    // (which may be streaming it) is never blocked behind a recv for a later message.
-    std::vector<uint8_t> message(header.bytes);
-    channel_read(peer, tail, message.data(), message.size(), what);
-    queued[static_cast<int>(header.tag)].push_back(std::move(message));
+    wait_until(
+        ch.futex,
+        [&] {
+          return ch.head.load(std::memory_order_seq_cst) -
+                         ch.tail.load(std::memory_order_seq_cst) >=
+                     sizeof(MessageHeader) ||
+                 queued_[peer].load(std::memory_order_seq_cst) != seen;
+        },
+        [&] { return std::vector<int>{peer}; }, [&] { return what; }, kP2pHint);
   }
 }
 

@@ -163,7 +163,10 @@ ShmCommImpl::ShmCommImpl(std::string name, int rank, int size, const Options& op
       base_(mapping_.base()),
       layout_(layout),
       inputs_(static_cast<size_t>(size)),
-      pending_(static_cast<size_t>(size)) {}
+      pending_(static_cast<size_t>(size)),
+      recv_mu_(new std::mutex[static_cast<size_t>(size)]),
+      send_mu_(new std::mutex[static_cast<size_t>(size)]),
+      queued_(new std::atomic<uint64_t>[static_cast<size_t>(size)]()) {}
 
 ShmCommImpl::~ShmCommImpl() {
   if (!attached_) return;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -139,9 +140,18 @@ class ShmCommImpl final : public ShmComm {
   std::atomic<bool> poisoned_{false};
   std::mutex error_mu_;
   std::string first_error_;
-  // Messages received ahead of a recv with their tag, per sender; recv from one peer runs on
-  // one thread at a time.
+  // Messages received ahead of a recv with their tag, per sender. Recvs from one peer may run
+  // on several threads at once (the c10d backend has a thread per (peer, tag)): the sender's
+  // channel and its pending queues are read under recv_mu_[peer], never waited on under it;
+  // queued_[peer] counts queued messages, so a recv waiting for its tag sees one another
+  // thread set aside.
   std::vector<std::map<int, std::deque<std::vector<uint8_t>>>> pending_;
+  std::unique_ptr<std::mutex[]> recv_mu_;
+  // Sends to one peer from several threads (one per tag) write its ring one whole message at a
+  // time: send_mu_[peer] is held from header to last byte (the receiver drains other tags'
+  // messages, so a blocked send always moves on).
+  std::unique_ptr<std::mutex[]> send_mu_;
+  std::unique_ptr<std::atomic<uint64_t>[]> queued_;
 };
 
 template <class Ready, class Blame, class Describe>

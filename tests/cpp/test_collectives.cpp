@@ -454,6 +454,33 @@ TEST_F(Collectives, RecvMatchesByTagPastPendingMessages) {
   }));
 }
 
+TEST_F(Collectives, SendsAndRecvsOfSeveralTagsOnThreadsAtOnce) {
+  // The c10d backend runs each (peer, tag) on its own thread: sends of several tags to one peer
+  // share its ring, recvs of several tags from one peer share the channel and the queues.
+  constexpr int kTags = 4, kRounds = 20;
+  expect_no_errors(run_ranks(2, test_options(), [&](ShmComm& c) {
+    std::vector<std::thread> threads;
+    std::atomic<int> bad{0};
+    for (int tag = 0; tag < kTags; ++tag) {
+      threads.emplace_back([&, tag] {
+        for (int i = 0; i < kRounds; ++i) {
+          const size_t bytes = 100 + 3000 * tag + i;  // tags 2, 3 stream through the ring
+          if (c.rank() == 0) {
+            const Bytes b = pattern(bytes, i, tag, 0);
+            c.send(b.data(), bytes, 1, tag);
+          } else {
+            Bytes got(bytes);
+            c.recv(got.data(), bytes, 0, tag);
+            if (got != pattern(bytes, i, tag, 0)) ++bad;
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(bad.load(), 0);
+  }));
+}
+
 TEST_F(Collectives, SendRecvStreamsLargeMessagesBothWays) {
   expect_no_errors(run_ranks(3, test_options(), [&](ShmComm& c) {
     const int me = c.rank(), next = (me + 1) % 3, prev = (me + 2) % 3;
