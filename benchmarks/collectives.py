@@ -9,11 +9,10 @@ Prints one table per world size with the neuron / Gloo ratio. `make bench-collec
 """
 import argparse
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
+
+from _ranks import run_ranks  # benchmarks/_ranks.py
 
 OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"]
 
@@ -64,21 +63,8 @@ def rank_main(backend: str, sizes: list[int]) -> None:
 
 
 def run(backend: str, world: int, sizes: list[int]) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--rank-main", backend, ",".join(map(str, sizes))],
-            env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=1800)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"{backend} x{world} failed")
-    line = next(ln for ln in outs[0].splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return run_ranks([__file__, "--rank-main", backend, ",".join(map(str, sizes))], world,
+                     backend)
 
 
 def fmt_size(b: int) -> str:

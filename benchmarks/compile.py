@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _ranks import result  # benchmarks/_ranks.py
+
 CASES = [("cpu", "eager"), ("cpu", "inductor"), ("neuron", "eager"), ("neuron", "compiled"),
          ("neuron", "compiled-warm")]
 
@@ -94,7 +96,7 @@ def child(args) -> None:
 def run(argv, case, env) -> dict:
     cmd = [sys.executable, __file__, *argv, "--child", f"{case[0]}:{case[1].split('-')[0]}"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:])
+    return result(out)
 
 
 def matmul_gflops(dtype_name: str) -> float:

@@ -24,11 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _ranks import run_ranks  # benchmarks/_ranks.py
 
 CASES = [("single", 1), ("ddp", 2), ("fsdp2", 2)]
 
@@ -105,20 +105,7 @@ def rank_main(args) -> None:
 
 
 def run(case: str, world: int, argv: list[str]) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, __file__, *argv, "--rank-main", case],
-                                      env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=1800)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"{case} x{world} failed")
-    line = next(ln for ln in outs[0].splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return run_ranks([__file__, *argv, "--rank-main", case], world, case)
 
 
 def main(argv=None) -> None:
