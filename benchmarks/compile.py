@@ -4,7 +4,9 @@ A GPT training step (examples/gpt.py: forward + cross-entropy + backward + AdamW
 fresh process, all from the same weights and batches:
 
     cpu eager | cpu inductor (torch.compile, cold cache) | neuron eager |
-    neuron compiled (cold cache) | neuron compiled (warm: a second process, same cache)
+    neuron compiled (cold cache) | neuron compiled (warm: a second process, same cache) |
+    neuron async (OPENNEURON_COMPILE_ASYNC=1, cold cache of its own: eager steps while Inductor
+    compiles in a background process, then the compiled graph)
 
 Printed per case: the first step's time (compilation included: the cold start a user waits
 for), steady-state ms/step and tokens/s (median of the timed steps after warm-up), and ratios
@@ -30,7 +32,7 @@ from pathlib import Path
 from _ranks import result  # benchmarks/_ranks.py
 
 CASES = [("cpu", "eager"), ("cpu", "inductor"), ("neuron", "eager"), ("neuron", "compiled"),
-         ("neuron", "compiled-warm")]
+         ("neuron", "compiled-warm"), ("neuron", "async")]
 
 
 def parse_args(argv=None):
@@ -80,6 +82,17 @@ def child(args) -> None:
     start = time.perf_counter()
     step(0).item()
     first = time.perf_counter() - start
+    switched, eager_steps = None, 0
+    if mode == "async":  # eager steps until both graphs are compiled
+        from openneuron._inductor import async_compile
+
+        while True:
+            s = async_compile.stats()
+            if s["finished"] + s["failed"] >= s["started"]:
+                break
+            eager_steps += 1
+            step(eager_steps).item()
+        switched = time.perf_counter() - start
     for i in range(1, 4):
         step(i)
     sync()
@@ -90,11 +103,15 @@ def child(args) -> None:
         times.append(time.perf_counter() - t)
     params = sum(p.numel() for p in model.parameters())
     print("RESULT " + json.dumps({"first": first, "step": statistics.median(times),
-                                  "params": params}), flush=True)
+                                  "params": params, "switched": switched,
+                                  "eager_steps": eager_steps}), flush=True)
 
 
 def run(argv, case, env) -> dict:
     cmd = [sys.executable, __file__, *argv, "--child", f"{case[0]}:{case[1].split('-')[0]}"]
+    env = {k: v for k, v in env.items() if k != "OPENNEURON_COMPILE_ASYNC"}
+    if case[1] == "async":
+        env["OPENNEURON_COMPILE_ASYNC"] = "1"
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return result(out)
 
@@ -115,10 +132,12 @@ def matmul_gflops(dtype_name: str) -> float:
 def table(argv, args) -> dict:
     results = {}
     with tempfile.TemporaryDirectory() as neuron_cache, \
-            tempfile.TemporaryDirectory() as cpu_cache:
+            tempfile.TemporaryDirectory() as cpu_cache, \
+            tempfile.TemporaryDirectory() as async_cache:
         for case in CASES:
             env = dict(os.environ)
-            env["TORCHINDUCTOR_CACHE_DIR"] = neuron_cache if case[0] == "neuron" else cpu_cache
+            env["TORCHINDUCTOR_CACHE_DIR"] = (async_cache if case[1] == "async" else
+                                              neuron_cache if case[0] == "neuron" else cpu_cache)
             results[case] = run(argv, case, env)
     tokens = args.batch_size * args.seq_len
     ind = results[("cpu", "inductor")]
@@ -133,6 +152,17 @@ def table(argv, args) -> dict:
         print(f"{case[0] + ' ' + case[1]:<26}{r['first']:>13.2f}{1e3 * r['step']:>10.1f}"
               f"{tps:>11,.0f}{tps * ind['step'] / tokens:>16.2f}x"
               f"{r['first'] / ind['first']:>23.2f}x")
+    a, c = results[("neuron", "async")], results[("neuron", "compiled")]
+    print(f"neuron async: first step {a['first']:.2f} s (cold compile: {c['first']:.2f} s), "
+          f"{a['eager_steps']} steps eagerly while Inductor compiled, compiled from "
+          f"{a['switched']:.1f} s on")
+    for n in (10, 100, 1000):
+        sync_s = c["first"] + (n - 1) * c["step"]
+        async_s = (a["first"] + (n - 1) * (a["switched"] - a["first"]) / max(a["eager_steps"], 1)
+                   if n <= a["eager_steps"] + 1 else
+                   a["switched"] + (n - 1 - a["eager_steps"]) * a["step"])
+        print(f"  {n} steps from a cold cache: {async_s:.1f} s async vs {sync_s:.1f} s waiting "
+              f"for the compile")
     return results
 
 

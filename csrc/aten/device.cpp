@@ -112,9 +112,10 @@ void bind_device(py::module_& m) {
       "_compile_settings",
       [] {
         const runtime::Config& c = runtime::config_or_defaults();
-        return std::make_tuple(c.compile_fallback, c.compile_cache_dir);
+        return std::make_tuple(c.compile_fallback, c.compile_cache_dir, c.compile_async);
       },
-      "torch.compile's settings: (fall back to eager on failure, cache folder or '').");
+      "torch.compile's settings: (fall back to eager on failure, cache folder or '', compile "
+      "in the background).");
   // SIMD variant of the IR and native kernels (runtime/isa.h; OPENNEURON_ISA).
   m.def("_isa", [] { return std::string(runtime::isa_name(runtime::isa())); });
   m.def("_host_isas", [] {

@@ -192,6 +192,8 @@ const std::vector<Setting>& settings() {
        "1: torch.compile raises when a graph fails to compile (default: runs it eagerly)"},
       {"TORCH_NEURONX_NEFF_CACHE_DIR",
        "folder of torch.compile's caches (TORCHINDUCTOR_CACHE_DIR)"},
+      {"OPENNEURON_COMPILE_ASYNC",
+       "1: a graph runs eagerly while Inductor compiles it in a background process"},
   };
   return kSettings;
 }
@@ -311,6 +313,7 @@ Config make_config(const EnvLookup& env, uint64_t host_ram) {
   if (const auto v = env("OPENNEURON_HOST_ID")) c.host_id = trim(*v);
   c.compile_fallback = !flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", false);
   if (const auto v = env("TORCH_NEURONX_NEFF_CACHE_DIR")) c.compile_cache_dir = trim(*v);
+  c.compile_async = flag("OPENNEURON_COMPILE_ASYNC", false);
   if (const auto v = env("LOCAL_RANK")) {
     const std::string r = trim(*v);
     if (r.empty() || r.size() > 6 ||

@@ -36,6 +36,9 @@ struct Config {
   // running the graph eagerly; TORCH_NEURONX_NEFF_CACHE_DIR is the compile cache's folder.
   bool compile_fallback = true;
   std::string compile_cache_dir;
+  // OPENNEURON_COMPILE_ASYNC=1: a graph runs eagerly while Inductor compiles it in a background
+  // process (openneuron/_inductor/async_compile.py).
+  bool compile_async = false;
 };
 
 // One environment variable: its name and what it does (README lists the same).

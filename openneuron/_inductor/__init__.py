@@ -4,7 +4,8 @@ Registered lazily, so `import torch` stays fast and no import of ours runs insid
 import cycle: an import hook installed at autoload acts right after a module has executed —
 `torch._dynamo`: the device interface; `torch._inductor.codegen.common`: Inductor's registration
 runs at its first `init_backend_registration()` (every compile calls it before code generation);
-the flex-attention modules: their neuron patches (flex_attention.py). `register()` does it all
+`torch._inductor.compile_fx`: the background compile of OPENNEURON_COMPILE_ASYNC=1
+(async_compile.py); the flex-attention modules: their neuron patches (flex_attention.py). `register()` does it all
 at once.
 """
 from __future__ import annotations
@@ -76,6 +77,12 @@ def _register_inductor() -> None:
     flex_attention.patch_lowering()
 
 
+def _async_compile(module) -> None:
+    from openneuron._inductor import async_compile
+
+    async_compile.patch(module)
+
+
 def _flex_validate(module) -> None:
     from openneuron._inductor import flex_attention
 
@@ -92,6 +99,7 @@ def _flex_autograd(module) -> None:
 _ON_IMPORT = {
     "torch._dynamo": _register_dynamo,
     "torch._inductor.codegen.common": _wrap_init_backend_registration,
+    "torch._inductor.compile_fx": _async_compile,
     "torch._higher_order_ops.flex_attention": _flex_autograd,
     "torch.nn.attention.flex_attention": _flex_validate,
 }

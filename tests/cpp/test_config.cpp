@@ -103,6 +103,8 @@ TEST(Config, EverySettingParsed) {
   EXPECT_TRUE(d.origin);
   EXPECT_FALSE(d.fusion);
   EXPECT_FALSE(d.isa.has_value());
+  EXPECT_TRUE(d.compile_fallback);
+  EXPECT_FALSE(d.compile_async);
   const Config c = make({{"OPENNEURON_FALLBACK", "Error"},
                          {"OPENNEURON_NATIVE_KERNELS", "off"},
                          {"OPENNEURON_ORIGIN", "0"},
@@ -111,7 +113,10 @@ TEST(Config, EverySettingParsed) {
                          {"OPENNEURON_FUSION_MAX_OPS", "64"},
                          {"OPENNEURON_PROFILER_MAX_EVENTS", "1000"},
                          {"OPENNEURON_OOM_SNAPSHOT", "/tmp/snap.pickle"},
-                         {"OPENNEURON_ISA", "baseline"}});
+                         {"OPENNEURON_ISA", "baseline"},
+                         {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1"},
+                         {"TORCH_NEURONX_NEFF_CACHE_DIR", " /tmp/cc "},
+                         {"OPENNEURON_COMPILE_ASYNC", "1"}});
   EXPECT_EQ(c.fallback, FallbackMode::kError);
   EXPECT_FALSE(c.native_kernels);
   EXPECT_FALSE(c.origin);
@@ -121,6 +126,9 @@ TEST(Config, EverySettingParsed) {
   EXPECT_EQ(c.profiler_max_events, 1000u);
   EXPECT_EQ(c.oom_snapshot, "/tmp/snap.pickle");
   EXPECT_EQ(c.isa, Isa::kBaseline);
+  EXPECT_FALSE(c.compile_fallback);
+  EXPECT_EQ(c.compile_cache_dir, "/tmp/cc");
+  EXPECT_TRUE(c.compile_async);
   // Launch blocking (debugging) wins over the fusion switch.
   EXPECT_FALSE(
       make({{"TORCH_NEURONX_ENABLE_CONCATENATION", "1"}, {"NEURON_LAUNCH_BLOCKING", "1"}}).fusion);
@@ -136,6 +144,7 @@ TEST(Config, BadSettingsNameTheVariable) {
       {"OPENNEURON_FUSION_MAX_OPS", "0"},
       {"OPENNEURON_PROFILER_MAX_EVENTS", "1e6"},
       {"OPENNEURON_ISA", "avx1024"},
+      {"OPENNEURON_COMPILE_ASYNC", "later"},
   };
   for (const auto& [name, value] : bad) {
     const std::string msg = config_error({{name, value}});
@@ -151,7 +160,9 @@ TEST(Config, SettingsTableListsEveryVariable) {
        {"NEURON_RT_VISIBLE_CORES", "OPENNEURON_DEVICE_MEMORY", "NEURON_LAUNCH_BLOCKING",
         "OPENNEURON_ISA", "OPENNEURON_FALLBACK", "OPENNEURON_NATIVE_KERNELS", "OPENNEURON_ORIGIN",
         "TORCH_NEURONX_ENABLE_CONCATENATION", "OPENNEURON_FUSION_LOG", "OPENNEURON_FUSION_MAX_OPS",
-        "OPENNEURON_PROFILER_MAX_EVENTS", "OPENNEURON_OOM_SNAPSHOT"})
+        "OPENNEURON_PROFILER_MAX_EVENTS", "OPENNEURON_OOM_SNAPSHOT",
+        "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "TORCH_NEURONX_NEFF_CACHE_DIR",
+        "OPENNEURON_COMPILE_ASYNC"})
     EXPECT_EQ(seen[name], 1) << name;
 }
 
