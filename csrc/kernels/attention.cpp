@@ -156,7 +156,7 @@ OPENNEURON_INLINE void forward_task(const AttentionArgs& a, const FwdLayout& l, 
     for (int64_t r = 0; r < count; ++r) {
       float* o = o4 + r * l.ldv;
       for (int64_t e = 0; e < a.Ev; ++e) o[e] *= inv[r];
-      from_float<D>(o, out, ((b * a.H + h) * a.L + g + r) * a.Ev, a.Ev);
+      from_float<D>(o, out, off(a.out, b, h, g + r), a.Ev);
     }
   }
 }
@@ -263,11 +263,11 @@ OPENNEURON_INLINE void backward_task(const AttentionArgs& a, const BwdLayout& l,
       for (int64_t x = 0; x < kRows * l.lde; ++x) dq4[x] = 0;
     }
     for (int64_t r = 0; r < count; ++r)
-      from_float<D>(dq4 + r * l.lde, dq, ((b * a.H + h) * a.L + g + r) * E, E);
+      from_float<D>(dq4 + r * l.lde, dq, off(a.dq, b, h, g + r), E);
   }
   for (int64_t j = 0; j < S; ++j) {
-    from_float<D>(dkf + j * l.lde, dk, (bh * S + j) * E, E);
-    from_float<D>(dvf + j * l.ldv, dv, (bh * S + j) * Ev, Ev);
+    from_float<D>(dkf + j * l.lde, dk, off(a.dk, b, h, j), E);
+    from_float<D>(dvf + j * l.ldv, dv, off(a.dv, b, h, j), Ev);
   }
 }
 
@@ -300,10 +300,22 @@ OPENNEURON_ISA_DISPATCH(void, backward_range,
                          int64_t t0, int64_t t1, float* buf),
                         (a, l, q, k, v, out, os, gout, gs, lse, dq, dk, dv, t0, t1, buf))
 
+// Unset result strides: contiguous [B, H, rows, cols].
+Strides4 or_contiguous(const Strides4& st, const AttentionArgs& a, int64_t rows, int64_t cols) {
+  if (!st.unset()) return st;
+  Strides4 c;
+  c.s[2] = cols;
+  c.s[1] = rows * cols;
+  c.s[0] = a.H * rows * cols;
+  return c;
+}
+
 }  // namespace
 
-void attention_forward(const AttentionArgs& a, const void* q, const void* k, const void* v,
+void attention_forward(const AttentionArgs& args, const void* q, const void* k, const void* v,
                        void* out, float* lse) {
+  AttentionArgs a = args;
+  a.out = or_contiguous(a.out, a, a.L, a.Ev);
   if (a.B <= 0 || a.H <= 0 || a.L <= 0) return;
   const int64_t blocks = (a.L + kQueryBlock - 1) / kQueryBlock;
   const int64_t tasks = a.B * a.H * blocks;
@@ -314,9 +326,13 @@ void attention_forward(const AttentionArgs& a, const void* q, const void* k, con
   });
 }
 
-void attention_backward(const AttentionArgs& a, const void* q, const void* k, const void* v,
+void attention_backward(const AttentionArgs& args, const void* q, const void* k, const void* v,
                         const void* out, Strides4 out_strides, const void* grad_out,
                         Strides4 grad_strides, const float* lse, void* dq, void* dk, void* dv) {
+  AttentionArgs a = args;
+  a.dq = or_contiguous(a.dq, a, a.L, a.E);
+  a.dk = or_contiguous(a.dk, a, a.S, a.E);
+  a.dv = or_contiguous(a.dv, a, a.S, a.Ev);
   if (a.B <= 0 || a.H <= 0) return;
   const BwdLayout l = bwd_layout(a);
   runtime::parallel_for(0, a.B * a.H, 1, [&](int64_t t0, int64_t t1) {

@@ -17,6 +17,7 @@ namespace openneuron::kernels {
 
 struct Strides4 {
   int64_t s[4] = {0, 0, 0, 1};  // b, h, row, col (col must be 1 except for the mask)
+  bool unset() const { return s[0] == 0 && s[1] == 0 && s[2] == 0; }
 };
 
 struct AttentionArgs {
@@ -28,13 +29,17 @@ struct AttentionArgs {
   Strides4 m;
   bool causal = false;
   float scale = 1.0f;
+  // Where the results go (elements): out [B, H, L, Ev]; dq, dk, dv like q, k, v's logical
+  // shapes. All zero (the default): contiguous.
+  Strides4 out, dq, dk, dv;
 };
 
-// out: contiguous [B, H, L, Ev]; lse: contiguous float32 [B, H, L] (-inf for masked rows).
+// out: [B, H, L, Ev] at a.out's strides; lse: contiguous float32 [B, H, L] (-inf for masked
+// rows).
 void attention_forward(const AttentionArgs& a, const void* q, const void* k, const void* v,
                        void* out, float* lse);
 
-// grad_out / out strided as given; dq, dk, dv contiguous like q, k, v's logical shapes.
+// grad_out / out strided as given; dq, dk, dv at a.dq, a.dk, a.dv's strides.
 void attention_backward(const AttentionArgs& a, const void* q, const void* k, const void* v,
                         const void* out, Strides4 out_strides, const void* grad_out,
                         Strides4 grad_strides, const float* lse, void* dq, void* dk, void* dv);

@@ -12,7 +12,10 @@ import sys
 import textwrap
 import time
 
+import pytest
 from conftest import REPO, run_python
+
+pytestmark = pytest.mark.subprocess  # fresh interpreters (make test-isa leaves them out)
 
 # A small model's training steps: the losses of the compiled model (in the background, then
 # switched) and of the same model run eagerly, step by step; then the counters.

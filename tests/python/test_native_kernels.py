@@ -195,6 +195,49 @@ def test_sdpa_noncontiguous_inputs():
         close(a, c, torch.float32, scale=4)
 
 
+@pytest.mark.parametrize("layout", ["fused_qkv", "last_dim_strided", "value_wider"])
+def test_sdpa_results_in_the_meta_layout_written_in_place(layout):
+    """The kernels write out / dq / dk / dv at the strides ATen's meta kernels give (compiled
+    graphs assert them), with no copy when the last dimension is contiguous."""
+    torch.manual_seed(3)
+    B, L, H, E = 2, 24, 4, 16
+    Ev = 24 if layout == "value_wider" else E
+    def views(make):
+        if layout == "last_dim_strided":  # [B, H, E, L] -> transpose: the last dim has stride L
+            return [make(B, H, E, L).transpose(2, 3) for _ in range(3)]
+        # one [B, L, H * (2E + Ev)] projection split into heads, as GPT's attention does
+        q, k, v = make(B, L, H * (2 * E + Ev)).split([H * E, H * E, H * Ev], dim=2)
+        return [q.view(B, L, H, E).transpose(1, 2), k.view(B, L, H, E).transpose(1, 2),
+                v.view(B, L, H, Ev).transpose(1, 2)]
+
+    fwd = torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default
+    bwd = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward.default
+    base = []
+    q, k, v = views(lambda *shape: base.append(torch.randn(*shape)) or base[-1])
+    it = iter(base)
+    dev = views(lambda *shape: next(it).to(DEV))
+    meta = [torch.empty_strided(t.size(), t.stride(), device="meta") for t in dev]
+    out_m = fwd(*meta, None, 0.0, True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out_d = fwd(*dev, None, 0.0, True)
+    copies = [e.name for e in prof.events() if "copy" in e.name]
+    assert bool(copies) == (layout == "last_dim_strided"), copies  # a temporary only there
+    assert out_d[0].stride() == out_m[0].stride()
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    close(out_d[0], ref, torch.float32, scale=4)
+    g = torch.randn(B, H, L, Ev)
+    args = lambda ts, o, gr: (gr, *ts, None, [True, True, True, False], o[0], o[1], None, None,
+                              L, L, 0.0, True, o[6], o[7])
+    grads_m = bwd(*args(meta, out_m, g.to("meta")))
+    grads_d = bwd(*args(dev, out_d, g.to(DEV)))
+    qc, kc, vc = (t.clone().requires_grad_(True) for t in (q, k, v))
+    ref_grads = torch.autograd.grad(F.scaled_dot_product_attention(qc, kc, vc, is_causal=True),
+                                    (qc, kc, vc), g)
+    for got, want_meta, want in zip(grads_d[:3], grads_m[:3], ref_grads):
+        assert got.stride() == want_meta.stride()
+        close(got, want, torch.float32, scale=4)
+
+
 def test_sdpa_unsupported_cases_take_the_math_path():
     torch.manual_seed(0)
     name = "aten::_scaled_dot_product_fused_attention_overrideable"

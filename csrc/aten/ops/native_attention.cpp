@@ -83,30 +83,36 @@ at::Tensor additive_mask(const at::Tensor& bias, const at::Tensor& q) {
   return bias;
 }
 
-// The result in the layout ATen's meta kernels give (torch/_meta_registrations.py:
+// A result in the layout ATen's meta kernels give (torch/_meta_registrations.py:
 // alloc_with_matching_layout for the output, empty_like for the gradients): compiled graphs
-// trust those strides (a view after a permuted query failed). The kernels write dense
-// [B, H, N, D]; an async device copy moves them when the layouts differ.
-at::Tensor in_meta_layout(const at::Tensor& like, const at::Tensor& dense) {
-  at::Tensor res;
-  if (like.sizes() == dense.sizes()) {
-    res = at::empty_like(like);
-  } else {
-    std::array<int64_t, 4> order{0, 1, 2, 3};
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
-    std::array<int64_t, 4> strides{};
-    int64_t stride = 1;
-    for (int i = 3; i >= 0; --i) {
-      strides[order[i]] = stride;
-      stride *= dense.size(order[i]);
+// trust those strides (a view after a permuted query failed). The kernels write `written`:
+// the result itself, or, when its last dimension is not contiguous, a dense temporary that
+// finish() copies over (an async device copy).
+struct Result {
+  at::Tensor result, written;
+  Result(const at::Tensor& like, c10::IntArrayRef sizes) {
+    if (like.sizes() == sizes) {
+      result = at::empty_like(like);
+    } else {
+      std::array<int64_t, 4> order{0, 1, 2, 3};
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+      std::array<int64_t, 4> strides{};
+      int64_t stride = 1;
+      for (int i = 3; i >= 0; --i) {
+        strides[order[i]] = stride;
+        stride *= sizes[order[i]];
+      }
+      result = at::empty_strided(sizes, strides, like.options());
     }
-    res = at::empty_strided(dense.sizes(), strides, dense.options());
+    written = result.size(3) <= 1 || result.stride(3) == 1 ? result
+                                                            : at::empty(sizes, like.options());
   }
-  if (res.strides() == dense.strides()) return dense;
-  res.copy_(dense);
-  return res;
-}
+  at::Tensor finish() {
+    if (!written.is_same(result)) result.copy_(written);
+    return result;
+  }
+};
 
 at::Tensor last_dim_contiguous(const at::Tensor& t) {
   return t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
@@ -220,8 +226,10 @@ SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at
             at::empty({}, at::dtype(at::kLong)),
             at::Tensor()};
   }
-  const kernels::AttentionArgs a = make_args(q, k, v, mask, is_causal, scale);
-  at::Tensor out = empty_on({a.B, a.H, a.L, a.Ev}, q.scalar_type(), q.device());
+  kernels::AttentionArgs a = make_args(q, k, v, mask, is_causal, scale);
+  Result res(query, {a.B, a.H, a.L, a.Ev});
+  const at::Tensor out = res.written;
+  a.out = strides_of(out);
   at::Tensor lse = empty_on({a.B, a.H, a.L}, c10::ScalarType::Float, q.device());
   at::Tensor seed = at::empty({}, at::dtype(at::kLong));
   at::Tensor offset = at::empty({}, at::dtype(at::kLong));
@@ -233,8 +241,8 @@ SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at
     float* lp = static_cast<float*>(ptr_of(lse));
     enqueue_native(info, q.device(), [=] { kernels::attention_forward(a, qp, kp, vp, op, lp); });
   }
-  return {in_meta_layout(query, out), lse,  at::Tensor(), at::Tensor(), c10::SymInt(a.L),
-          c10::SymInt(a.S),           seed, offset,       at::Tensor()};
+  return {res.finish(), lse, at::Tensor(), at::Tensor(), c10::SymInt(a.L), c10::SymInt(a.S),
+          seed,         offset, at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
@@ -263,7 +271,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
     return {grad_input_mask[0] ? dq : at::Tensor(), grad_input_mask[1] ? dk : at::Tensor(),
             grad_input_mask[2] ? dv : at::Tensor(), at::Tensor()};
   }
-  const kernels::AttentionArgs a = make_args(q, k, v, mask, is_causal, scale);
+  kernels::AttentionArgs a = make_args(q, k, v, mask, is_causal, scale);
   TORCH_CHECK(grad_out.dim() == 4 && out.dim() == 4 &&
                   grad_out.sizes().equals(c10::IntArrayRef{a.B, a.H, a.L, a.Ev}) &&
                   out.sizes().equals(grad_out.sizes()) &&
@@ -278,9 +286,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
                              : logsumexp.to(c10::ScalarType::Float).contiguous();
   TORCH_CHECK(lse.numel() == a.B * a.H * a.L, kOp, ": logsumexp has ", lse.numel(),
               " elements, expected ", a.B * a.H * a.L);
-  at::Tensor dq = empty_on({a.B, a.H, a.L, a.E}, q.scalar_type(), q.device());
-  at::Tensor dk = empty_on({a.B, a.H, a.S, a.E}, q.scalar_type(), q.device());
-  at::Tensor dv = empty_on({a.B, a.H, a.S, a.Ev}, q.scalar_type(), q.device());
+  Result rq(query, {a.B, a.H, a.L, a.E}), rk(key, {a.B, a.H, a.S, a.E}),
+      rv(value, {a.B, a.H, a.S, a.Ev});
+  const at::Tensor dq = rq.written, dk = rk.written, dv = rv.written;
+  a.dq = strides_of(dq);
+  a.dk = strides_of(dk);
+  a.dv = strides_of(dv);
   if (dq.numel() + dk.numel() + dv.numel() > 0) {
     const void* qp = ptr_of(q);
     const void* kp = ptr_of(k);
@@ -296,9 +307,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
       kernels::attention_backward(a, qp, kp, vp, op, os, gp, gs, lp, dqp, dkp, dvp);
     });
   }
-  return {grad_input_mask[0] ? in_meta_layout(query, dq) : at::Tensor(),
-          grad_input_mask[1] ? in_meta_layout(key, dk) : at::Tensor(),
-          grad_input_mask[2] ? in_meta_layout(value, dv) : at::Tensor(), at::Tensor()};
+  return {grad_input_mask[0] ? rq.finish() : at::Tensor(),
+          grad_input_mask[1] ? rk.finish() : at::Tensor(),
+          grad_input_mask[2] ? rv.finish() : at::Tensor(), at::Tensor()};
 }
 
 }  // namespace
