@@ -18,6 +18,9 @@ PYBIND11_MODULE(_C, m) {
   openneuron::runtime::executor_set_thread_init([] { at::init_num_threads(); });
   // NOTE: not at::parallel_for: compiled here (no -fopenmp) it never goes parallel.
   openneuron::runtime::set_parallel_backend(&aten::omp_parallel_for);
+  if (aten::omp_spin_bounded()) {
+    openneuron::runtime::set_parallel_release(&aten::omp_release_pool);
+  }
   aten::bind_device(m);
   aten::bind_streams(m);
   aten::bind_memory(m);

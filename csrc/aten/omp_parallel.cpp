@@ -10,7 +10,10 @@
 #include <ATen/Parallel.h>
 #include <c10/util/ParallelGuard.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cstdlib>
 
 extern "C" {
 void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
@@ -43,7 +46,33 @@ void run_team_member(void* p) {
   j.body(j.ctx, b, std::min(j.end, b + chunk));
 }
 
+// omp_pause_resource_all (OpenMP 5.0) of the libgomp torch loaded, looked up there: an older
+// libgomp without it leaves release as a no-op instead of failing the import.
+using PauseAll = int (*)(int kind);
+PauseAll find_pause_all() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&omp_in_parallel), &info) == 0 || !info.dli_fname) {
+    return nullptr;
+  }
+  void* lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (lib == nullptr) return nullptr;
+  auto* fn = reinterpret_cast<PauseAll>(dlsym(lib, "omp_pause_resource_all"));
+  dlclose(lib);  // NOTE: RTLD_NOLOAD took a reference; torch's own keeps the library loaded
+  return fn;
+}
+
 }  // namespace
+
+bool omp_spin_bounded() {
+  return std::getenv("GOMP_SPINCOUNT") != nullptr || std::getenv("OMP_WAIT_POLICY") != nullptr;
+}
+
+void omp_release_pool() {
+  static const PauseAll pause_all = find_pause_all();
+  constexpr int kPauseSoft = 1;  // omp_pause_soft
+  // libgomp frees the calling thread's pool (gomp_pause_host); never inside a region
+  if (pause_all != nullptr && !omp_in_parallel()) pause_all(kPauseSoft);
+}
 
 void omp_parallel_for(int64_t begin, int64_t end, int64_t grain, runtime::ParallelBody body,
                       void* ctx) {

@@ -5,6 +5,7 @@
 namespace openneuron::runtime {
 namespace {
 std::atomic<ParallelBackend> g_backend{nullptr};
+std::atomic<ParallelRelease> g_release{nullptr};
 }  // namespace
 
 void set_parallel_backend(ParallelBackend backend) {
@@ -12,5 +13,13 @@ void set_parallel_backend(ParallelBackend backend) {
 }
 
 ParallelBackend parallel_backend() { return g_backend.load(std::memory_order_acquire); }
+
+void set_parallel_release(ParallelRelease release) {
+  g_release.store(release, std::memory_order_release);
+}
+
+void parallel_release_calling_thread() noexcept {
+  if (ParallelRelease release = g_release.load(std::memory_order_acquire)) release();
+}
 
 }  // namespace openneuron::runtime

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "errors.h"
+#include "parallel.h"
 #include "software_core.h"
 
 namespace openneuron::runtime {
@@ -129,6 +130,9 @@ void WorkQueue::wait(uint64_t ticket) const {
     if (!spin_step(i, deadline)) break;
   }
   if (head_.load(std::memory_order_acquire) >= ticket) return;
+  // NOTE: a host thread (never an executor: tl_running_queue is null here) about to sleep
+  // frees its OpenMP pool, left by CPU work it did before: see parallel.h.
+  if (tl_running_queue == nullptr) parallel_release_calling_thread();
   std::unique_lock<std::mutex> lk(mu_);
   done_cv_.wait(lk, [&] {
     if (ticket < wake_at_.load(std::memory_order_relaxed)) {

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/parallel.h"
 #include "runtime/work_queue.h"
 
 namespace openneuron::runtime {
@@ -55,6 +56,34 @@ TEST(WorkQueue, ProducersNeverLoseTheExecutorsWakeUp) {
   finished = true;
   watchdog.join();
   EXPECT_EQ(ran.load(), int64_t{kThreads} * kRounds);
+}
+
+std::atomic<int> g_releases{0};
+
+struct ReleaseHook {
+  ReleaseHook() {
+    set_parallel_release([] { g_releases.fetch_add(1); });
+  }
+  ~ReleaseHook() { set_parallel_release(nullptr); }
+};
+
+TEST(WorkQueue, AHostThreadAboutToSleepReleasesItsParallelThreads) {
+  ReleaseHook hook;
+  NoErrors sink;
+  WorkQueue q(&sink, "release-queue");
+  g_releases = 0;
+  Work slow;
+  slow.fn = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  slow.name = "slow";
+  q.wait(q.push(std::move(slow)));  // longer than the waiter's spin: it sleeps
+  EXPECT_EQ(g_releases.load(), 1);
+  Work fast;
+  fast.fn = [] {};
+  fast.name = "fast";
+  const uint64_t t = q.push(std::move(fast));
+  while (q.done() < t) std::this_thread::yield();
+  q.wait(t);  // already done: no sleep, no release
+  EXPECT_EQ(g_releases.load(), 1);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 # Streams: current/default stream, the stream() context, priorities, cross-stream ordering with
 # wait_stream and record_stream, synchronize, real asynchrony (and NEURON_LAUNCH_BLOCKING=1),
 # non_blocking copies from pinned memory. Events are test_events.py. Reference: torch.cuda.
+import pytest
 import torch
 
 # Enqueues many small-but-not-trivial ops; the device work (64x64 matmuls) clearly outlasts
@@ -155,3 +156,39 @@ def test_non_blocking_copy_from_pinned():
     out.copy_(src2, non_blocking=True)
     torch.neuron.synchronize()
     torch.testing.assert_close(out.cpu(), torch.arange(1000.0))
+
+
+@pytest.mark.parametrize("spin", ["10000", None])
+def test_waiting_for_the_device_gives_back_the_threads_cpu_work_left(run_py, spin):
+    """Parallel CPU work leaves an OpenMP pool on the Python thread; while it lives, libgomp
+    counts more threads than cores and every team's barriers (the executors' too) sleep in the
+    kernel after ~100 spins. With a bounded spin (GOMP_SPINCOUNT) a wait for the device that
+    sleeps frees the pool; with libgomp's default spin it stays (parallel.h says why)."""
+    r = run_py("""
+        import os, time, torch, openneuron
+        def named(name):  # threads with this name: the pool's inherit the Python thread's
+            n = 0
+            for t in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{t}/comm") as f:
+                        n += f.read().strip() == name
+                except OSError:
+                    pass
+            return n
+        me = open("/proc/self/comm").read().strip()
+        a = torch.randn(512, 512, device="neuron"); torch.neuron.synchronize()
+        before = named(me)
+        x = torch.randn(2048, 2048); (x * 2).sum()
+        with_pool = named(me)
+        for _ in range(4):
+            a = torch.tanh(a @ a)
+        torch.neuron.synchronize()
+        deadline = time.monotonic() + 2
+        while named(me) > before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print(before, with_pool, named(me), torch.get_num_threads())
+    """, env={"OMP_NUM_THREADS": "2", "GOMP_SPINCOUNT": spin, "OMP_WAIT_POLICY": None})
+    assert r.returncode == 0, r.stderr
+    before, with_pool, after, threads = map(int, r.stdout.split())
+    assert threads == 2 and with_pool == before + 1, r.stdout  # the CPU work made a pool
+    assert after == (before if spin else with_pool), r.stdout
