@@ -9,7 +9,6 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/ParallelGuard.h>
-
 #include <dlfcn.h>
 
 #include <algorithm>

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import dataclasses
 import logging
 import os
@@ -103,7 +104,7 @@ class AsyncOutputCode:
             compiled = self._callback(future.result())
             if self._post_compile_args is not None:
                 compiled.post_compile(*self._post_compile_args)
-        except Exception as err:  # noqa: BLE001 - reported below, or raised
+        except Exception as err:  # reported below, or raised
             _stats["failed"] += 1
             from openneuron._dynamo import _fallback_disabled
 
@@ -160,10 +161,8 @@ def _abandon_pending() -> None:
         if not pool.running:
             return
         pool.running = False
-        try:
+        with contextlib.suppress(Exception):  # best effort at exit
             pool.running_waitcounter.__exit__()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
     # NOTE: with its own workers (a process pool of Inductor's): orphans otherwise
     for pid in _descendants(pool.process.pid) + [pool.process.pid]:
         try:

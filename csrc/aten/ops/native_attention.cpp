@@ -105,8 +105,8 @@ struct Result {
       }
       result = at::empty_strided(sizes, strides, like.options());
     }
-    written = result.size(3) <= 1 || result.stride(3) == 1 ? result
-                                                            : at::empty(sizes, like.options());
+    written =
+        result.size(3) <= 1 || result.stride(3) == 1 ? result : at::empty(sizes, like.options());
   }
   at::Tensor finish() {
     if (!written.is_same(result)) result.copy_(written);
@@ -241,8 +241,8 @@ SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at
     float* lp = static_cast<float*>(ptr_of(lse));
     enqueue_native(info, q.device(), [=] { kernels::attention_forward(a, qp, kp, vp, op, lp); });
   }
-  return {res.finish(), lse, at::Tensor(), at::Tensor(), c10::SymInt(a.L), c10::SymInt(a.S),
-          seed,         offset, at::Tensor()};
+  return {res.finish(),     lse,  at::Tensor(), at::Tensor(), c10::SymInt(a.L),
+          c10::SymInt(a.S), seed, offset,       at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
