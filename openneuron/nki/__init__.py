@@ -114,10 +114,11 @@ def alias():
         sys.modules[name] = targets[name]
 
 
-def custom_op(name, kernel, *, mutates_args=(), num_outputs=1, grid=None):
+def custom_op(name, kernel, *, mutates_args=(), num_outputs=None, grid=None):
     """A torch.library custom op `name` ("namespace::op") running `kernel`: schema from the
     kernel's parameters, fake implementation from its trace, `register_autograd` on the result.
-    grid: a launch grid, or a callable giving one from the arguments. See _torch.py."""
+    num_outputs: read from the kernel's return statements when not given. grid: a launch
+    grid, or a callable giving one from the arguments. See _torch.py."""
     from openneuron.nki._torch import custom_op as make
     return make(name, kernel, mutates_args=mutates_args, num_outputs=num_outputs, grid=grid)
 

@@ -7,16 +7,63 @@ one from the call's arguments."""
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 
 from openneuron.nki._kernel import Kernel, _is_tensor
 from openneuron.nki._trace import NkiError
 
 
-def custom_op(name, kernel, *, mutates_args=(), num_outputs=1, grid=None):
+def _returned_count(name, func) -> int:
+    """How many tensors the kernel returns, read from its return statements: `return a, b` is
+    2, `return out` 1 (a name: checked when the op runs), none or a bare `return` 0. A return
+    whose count the source does not show (a call, a starred tuple) needs num_outputs."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    except (OSError, TypeError, SyntaxError) as err:
+        raise NkiError(f"custom_op {name}: the source of kernel '{func.__name__}' is not "
+                       f"available ({err}); pass num_outputs=") from None
+    fn = tree.body[0]
+    counts = set()
+    nested = {id(n) for n in ast.walk(fn) if n is not fn and isinstance(
+        n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))}
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:  # the kernel's own returns, not those of functions defined inside it
+        node = todo.pop()
+        if id(node) in nested:
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+        if not isinstance(node, ast.Return):
+            continue
+        v = node.value
+        if v is None or (isinstance(v, ast.Constant) and v.value is None):
+            counts.add(0)
+        elif isinstance(v, (ast.Tuple, ast.List)) and not any(
+                isinstance(e, ast.Starred) for e in v.elts):
+            counts.add(len(v.elts))
+        elif isinstance(v, ast.Name):
+            counts.add(1)
+        else:
+            raise NkiError(f"custom_op {name}: kernel '{func.__name__}' returns "
+                           f"`{ast.unparse(v)}` (line {node.lineno} of its source), whose number "
+                           "of tensors its source does not show; pass num_outputs=")
+    if not counts:
+        return 0
+    if len(counts) > 1:
+        raise NkiError(f"custom_op {name}: kernel '{func.__name__}' returns "
+                       f"{sorted(counts)} tensors on different paths; a custom op has one "
+                       "schema: pass num_outputs=")
+    return counts.pop()
+
+
+def custom_op(name, kernel, *, mutates_args=(), num_outputs=None, grid=None):
     import torch
 
     k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    inferred = num_outputs is None
+    if inferred:
+        num_outputs = _returned_count(name, k.func)
     if grid is not None and not callable(grid):
         k = k[grid]
 
@@ -47,8 +94,9 @@ def custom_op(name, kernel, *, mutates_args=(), num_outputs=1, grid=None):
     def check(out):
         n = 0 if out is None else (1 if _is_tensor(out) else len(out))
         if n != num_outputs:
+            how = "read from its return statements" if inferred else "registered with"
             raise NkiError(f"custom_op {name}: kernel '{k.__name__}' returns {n} tensor(s); "
-                           f"registered with num_outputs={num_outputs}")
+                           f"{how}: num_outputs={num_outputs}; pass num_outputs={n}")
         return tuple(out) if isinstance(out, list) else out
 
     def impl(*args, **kwargs):

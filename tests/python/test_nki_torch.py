@@ -195,3 +195,63 @@ def test_alias_runs_kernel_files_unchanged(run_py):
     """)
     assert r.returncode == 0, r.stderr
     assert "ok" in r.stdout
+
+
+@nki.jit
+def _two_outputs(x):
+    a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    b = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+
+    def twice(v):  # a helper's return is not the kernel's
+        return nl.multiply(v, 2.0)
+
+    nl.store(a, twice(t))
+    nl.store(b, nl.negative(t))
+    return a, b
+
+
+@nki.jit
+def _in_place(x):
+    nl.store(x, nl.multiply(nl.load(x), 2.0))
+
+
+@nki.jit
+def _listed(x):
+    a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(a, nl.load(x))
+    outs = [a, a]
+    return outs
+
+
+def test_custom_op_reads_the_number_of_outputs_from_the_kernel(device):
+    two = nki.custom_op("nki_tests::two_outputs", _two_outputs)
+    x = torch.randn(128, 64)
+    a, b = two(x.to(device))
+    np.testing.assert_allclose(a.cpu().numpy(), 2 * x.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(b.cpu().numpy(), -x.numpy(), rtol=1e-6)
+    inplace = nki.custom_op("nki_tests::in_place", _in_place, mutates_args=("x",))
+    xd = x.to(device)
+    assert inplace(xd) is None
+    np.testing.assert_allclose(xd.cpu().numpy(), 2 * x.numpy(), rtol=1e-6)
+    assert saxpy_op(x.to(device), x.to(device)).shape == x.shape  # `return out`: one
+    # a name read as one tensor that turns out to be two: said at the call
+    listed = nki.custom_op("nki_tests::listed", _listed)
+    with pytest.raises(Exception, match=r"returns 2 tensor\(s\); read from its return "
+                                         r"statements: num_outputs=1; pass num_outputs=2"):
+        listed(x.to(device))
+
+
+def test_custom_op_whose_outputs_the_source_does_not_show_asks_for_num_outputs():
+    def made(x):
+        return make_outputs(x)  # noqa: F821 - never called
+
+    def mixed(x, flag=False):
+        if flag:
+            return x, x
+        return x
+
+    with pytest.raises(nki.NkiError, match=r"returns `make_outputs\(x\)` \(line 2.*pass num_outputs="):
+        nki.custom_op("nki_tests::made", made)
+    with pytest.raises(nki.NkiError, match=r"returns \[1, 2\] tensors on different paths"):
+        nki.custom_op("nki_tests::mixed", mixed)
