@@ -395,3 +395,37 @@ def dma_copy(dst, src, mask=None, dge_mode=None, **_):
 def dropout(data, prob, mask=None, dtype=None, dst=None, **_):
     """Zeroes each element with probability prob (a number or a [P, 1] tile)."""
     return nl._dropout(data, prob, dtype, mask, out=dst)
+
+
+def _rows(t, name, what):
+    """t as [partitions, free elements] (a view), 8..16,384 free elements."""
+    free = int(np.prod(t.shape[1:], dtype=np.int64)) if t.ndim > 1 else 1
+    if not 8 <= free <= 16384:
+        fail(f"nisa.{name}: {what} has {free} elements per partition; it must have 8 to 16,384")
+    return t if t.ndim == 2 else t.reshape((t.shape[0], free))
+
+
+def _free_index(p, f):
+    """A [p, f] float32 tile of free-axis positions 0..f-1 (the same in every partition)."""
+    return nl.copy(IndexExpr((p, f), 0, (0, 1)), dtype=nl.float32)
+
+
+@_generations(0, two_tiles_is_dst=True)
+def max8(src=None, mask=None, dtype=None, dst=None, **_):
+    """The 8 largest values of each partition, in descending order ([P, 8]; compared in
+    float32; a value present k times fills k places)."""
+    if mask is not None:
+        fail("nisa.max8: a mask is not supported here; load the masked tile first")
+    x = _rows(src, "max8", "src")
+    p, f = x.shape
+    out = _out(dst, (p, 8), dtype or src.dtype)
+    work = nl.copy(x, dtype=nl.float32)
+    pos = _free_index(p, f)
+    for k in range(8):
+        top = nl.max(work, axis=1, keepdims=True)
+        out[:, k:k + 1] = top
+        if k < 7:  # take out the first place holding it, so repeats fill the next places
+            first = nl.min(nl.where(nl.equal(work, top), pos, float(f)), axis=1, keepdims=True)
+            work = nl.where(nl.equal(pos, first), -np.inf, work)
+    return out
+

@@ -248,3 +248,18 @@ def test_nc_matmul_limits_name_the_line():
     assert "test_nki_isa.py:" in str(e.value)
     with pytest.raises(nki.NkiError, match="SBUF tile"):
         run(lambda x, y: nisa.nc_matmul(nisa.nc_transpose(x), y), rand(64, 64), rand(64, 64))
+
+
+def test_max8_both_generations_with_repeats():
+    x = rand(128, 100)
+    x[:, 5] = x[:, 70] = 9.0  # a value present twice fills two places
+    want = -np.sort(-x, axis=1)[:, :8]
+    np.testing.assert_array_equal(run(lambda t: nisa.max8(src=t), x), want)
+    np.testing.assert_array_equal(run_dst(lambda d, t: nisa.max8(d, t), (128, 8), x), want)
+    y = rand(64, 4, 5)  # free axes flattened: 20 per partition
+    np.testing.assert_array_equal(run(lambda t: nisa.max8(src=t), y),
+                                  -np.sort(-y.reshape(64, 20), axis=1)[:, :8])
+    h = run(lambda t: nisa.max8(src=t, dtype=nl.float16), x)  # compared in fp32, then cast
+    np.testing.assert_array_equal(h, want.astype(np.float16))
+    with pytest.raises(nki.NkiError, match="max8: src has 4 elements per partition"):
+        run(lambda t: nisa.max8(src=t), rand(128, 4))
