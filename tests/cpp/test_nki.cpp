@@ -264,5 +264,54 @@ TEST(Nki, ColumnInstructionJoinsTheGroup) {
   for (int64_t r = 0; r < 4; ++r) ASSERT_EQ(col[r], a[r * F + 3] + 1.0f) << r;
 }
 
+// Two-axis instructions take run_rows2: a row's scalar operands (a [P, 1] column read along the
+// free axis, a constant) as one value, a select (three operands) with a scalar among them,
+// rows longer than a chunk under a mask, and a destination that overlaps an operand read in
+// place by one lane, which must go through a register (every lane reads the old row).
+TEST(Nki, TwoAxisRowsWithScalarsAndOverlap) {
+  constexpr int64_t F = 300;  // more than one chunk
+  constexpr int kSel = static_cast<int>(Op::k_select);
+  constexpr int kGt = static_cast<int>(Op::k_greater);
+  Encoder e({4 * F * 4, 4 * 4, 4 * F * 4, 4 * 200 * 4, 64});  // a, col, out, x, arena
+  e.w.insert(e.w.end(), {1, 2});
+  // out = select(a > col, a * col + 0.5, col), lanes f <= 290 - p
+  e.header(0, {4, F});
+  rows_view(e, 2, 0, F);
+  e.w.push_back(3);
+  rows_view(e, 0, 0, F);
+  e.operand(0, 1, 0, {1, 0});  // col[p], every lane
+  e.operand(1, 0, 0, {0, 0}, 0.5);
+  e.w.push_back(4);
+  e.w.insert(e.w.end(), {kMul, 0, 1, 0});  // r3 = a * col
+  e.w.insert(e.w.end(), {kAdd, 3, 2, 0});  // r4 = r3 + 0.5
+  e.w.insert(e.w.end(), {kGt, 0, 1, 0});   // r5 = a > col
+  e.w.insert(e.w.end(), {kSel, 5, 4, 1});  // r6 = r5 ? r4 : col
+  e.w.insert(e.w.end(), {1, 290, -1, -1});
+  // x[p, 1:200] = x[p, 0:199] * 2: the destination one lane after the operand
+  e.header(0, {4, 199});
+  e.operand(0, 3, 1, {200, 1});
+  e.w.push_back(2);
+  e.operand(0, 3, 0, {200, 1});
+  e.operand(1, 0, 0, {0, 0}, 2.0);
+  e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+  auto p = e.parse();
+  std::vector<float> a(4 * F), col = {0.0f, 1.0f, -2.0f, 3.5f}, out(4 * F, -7.0f), x(800);
+  for (int64_t i = 0; i < 4 * F; ++i) a[i] = 0.125f * static_cast<float>(i % 53) - 2.0f;
+  for (int i = 0; i < 800; ++i) x[i] = static_cast<float>(i);
+  const std::vector<float> x0 = x;
+  void* slots[] = {a.data(), col.data(), out.data(), x.data(), nullptr};
+  program_run(*p, slots);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t c = 0; c < F; ++c) {
+      const float v = a[r * F + c], s = col[r];
+      const float want = r + c <= 290 ? (v > s ? v * s + 0.5f : s) : -7.0f;
+      ASSERT_EQ(out[r * F + c], want) << r << "," << c;
+    }
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(x[r * 200], x0[r * 200]);
+    for (int c = 1; c < 200; ++c) ASSERT_EQ(x[r * 200 + c], 2.0f * x0[r * 200 + c - 1]) << r << c;
+  }
+}
+
 }  // namespace
 }  // namespace openneuron::nki
