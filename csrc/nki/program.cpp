@@ -266,6 +266,73 @@ bool row_blockable(const Instr& in) {
   return true;
 }
 
+// --- a matmul and the `acc += result` after it, fused -------------------------------------
+
+bool overlaps(const Footprint& a, const Footprint& b) {
+  return a.slot == b.slot && a.lo < b.hi && b.lo < a.hi;
+}
+
+// Same memory, element for element, over a two-axis box.
+bool same_view2(const Operand& a, const Operand& b) {
+  return a.type == Operand::kView && b.type == Operand::kView && a.slot == b.slot &&
+         a.dtype == b.dtype && a.offset == b.offset && a.stride[0] == b.stride[0] &&
+         a.stride[1] == b.stride[1];
+}
+
+// Instruction e is `acc += m's result` over exactly m's [M, N] result, with an accumulator the
+// matmul's store may write while other threads still read m's operands and result.
+bool absorbable(const Instr& m, const Instr& e) {
+  if (m.kind != Kind::kMatmul || m.accumulate || m.dst.dtype != DType::k_float32) return false;
+  if (e.kind != Kind::kElementwise || e.ndim != 2 || e.extent[0] != m.extent[0] ||
+      e.extent[1] != m.extent[1] || e.nreduce != 0 || !e.accumulate || e.acc_op != Op::k_add ||
+      !e.steps.empty() || e.src.size() != 1 || !e.preds.empty())
+    return false;
+  if (!same_view2(e.src[0], m.dst) || e.dst.type != Operand::kView ||
+      e.dst.dtype != DType::k_float32 || e.dst.stride[1] != 1 || e.extent[0] == 0 ||
+      e.extent[1] == 0)
+    return false;
+  const Footprint acc = footprint(e.dst, e);
+  if (overlaps(acc, footprint(m.dst, m))) return false;
+  for (const Operand& o : m.src)
+    if (o.type == Operand::kView && overlaps(acc, footprint(o, m))) return false;
+  return true;
+}
+
+// True when instructions [from, ...) of this instance overwrite all of m's result before any
+// reads a byte of it (or end without reading it, the result being arena scratch). Looks at a
+// bounded number of instructions; any partial write or doubt is "read".
+bool result_dead(const std::vector<Instr>& instrs, size_t from, const Instr& m, int32_t arena) {
+  constexpr size_t kLookAhead = 64;
+  const Footprint t = footprint(m.dst, m);
+  const size_t end = std::min(instrs.size(), from + kLookAhead);
+  for (size_t j = from; j < end; ++j) {
+    const Instr& in = instrs[j];
+    for (int d = 0; d < in.ndim; ++d)
+      if (in.extent[d] == 0) return false;
+    for (const Operand& o : in.src)
+      if (o.type == Operand::kView && overlaps(t, footprint(o, in))) return false;
+    if (!overlaps(t, footprint(in.dst, in))) continue;
+    const bool covers = !in.accumulate && in.preds.empty() && same_view2(in.dst, m.dst) &&
+                        in.extent[0] == m.extent[0] && in.extent[1] == m.extent[1] &&
+                        (in.kind == Kind::kMatmul || (in.ndim == 2 && in.nreduce == 0));
+    return covers;
+  }
+  return end == instrs.size() && t.slot == arena;
+}
+
+void fuse_accumulates(std::vector<Instr>& instrs, int32_t arena) {
+  for (size_t i = 0; i + 1 < instrs.size(); ++i) {
+    Instr& m = instrs[i];
+    if (m.kind != Kind::kMatmul || m.extent[0] == 0 || m.extent[1] == 0 || m.extent[2] == 0 ||
+        !absorbable(m, instrs[i + 1]))
+      continue;
+    m.absorbs_next = true;
+    m.acc_dst = instrs[i + 1].dst;
+    instrs[i + 1].absorbed = true;
+    m.dst_dead = result_dead(instrs, i + 2, m, arena);
+  }
+}
+
 // NOTE: kMaxGroup bounds the parse-time checks (each instruction against its group's
 // footprints, a few hundred); each group is one parallel region, which costs a time slice when
 // another process holds a core, so groups span many tile iterations; kBlockBytes is one
@@ -292,6 +359,7 @@ std::vector<Group> schedule(const std::vector<Instr>& instrs) {
   for (size_t i = 0; i < instrs.size(); ++i) {
     const Instr& in = instrs[i];
     const int32_t at = static_cast<int32_t>(i);
+    if (in.absorbed) continue;  // runs in the matmul before it, which ends any group
     in_reads.clear();
     Footprint w;
     bool ok = row_blockable(in);
@@ -372,9 +440,9 @@ bool slots_overlap(const Program& p, void* const* slots) {
   return false;
 }
 
-void run_one(const Instr& in, char* const* slots, bool parallel, uint64_t seed) {
+void run_one(const Instr& in, char* const* slots, bool parallel, uint64_t seed, bool fused) {
   if (in.kind == Kind::kMatmul)
-    run_matmul(in, slots, parallel);
+    run_matmul(in, slots, parallel, fused);
   else
     run_elementwise(in, slots, parallel, seed);
 }
@@ -382,7 +450,7 @@ void run_one(const Instr& in, char* const* slots, bool parallel, uint64_t seed) 
 void run_group(const std::vector<Instr>& instrs, const Group& g, char* const* slots, bool parallel,
                uint64_t seed) {
   if (!g.blocked) {
-    run_one(instrs[static_cast<size_t>(g.begin)], slots, parallel, seed);
+    run_one(instrs[static_cast<size_t>(g.begin)], slots, parallel, seed, /*fused=*/true);
     return;
   }
   const int64_t n_blocks = (g.rows + g.block_rows - 1) / g.block_rows;
@@ -411,7 +479,7 @@ void run_instance(const Program& p, size_t instance, void* const* slots, bool pa
   if (local[n_slots - 1] == nullptr) local[n_slots - 1] = thread_arena(p.slot_bytes.back());
   const std::vector<Instr>& instrs = p.instances[instance];
   if (in_order) {
-    for (const Instr& in : instrs) run_one(in, local, parallel, seed);
+    for (const Instr& in : instrs) run_one(in, local, parallel, seed, /*fused=*/false);
     return;
   }
   for (const Group& g : p.schedules[instance]) run_group(instrs, g, local, parallel, seed);
@@ -435,6 +503,7 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
     std::vector<Instr> instrs;
     instrs.reserve(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) instrs.push_back(read_instr(r, *p));
+    fuse_accumulates(instrs, static_cast<int32_t>(n_slots - 1));
     p->n_instrs += n;
     p->schedules.push_back(schedule(instrs));
     p->instances.push_back(std::move(instrs));

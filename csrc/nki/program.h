@@ -108,6 +108,15 @@ struct Instr {
   std::vector<Step> steps;
   std::vector<Pred> preds;
   int32_t line = -1;  // index into Program::lines
+  // Set at parse time (program.cpp, fuse_accumulates). kMatmul: the instruction after it, an
+  // elementwise `acc += dst` (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`;
+  // that one is marked `absorbed` and skipped), and its own destination is not written when no
+  // instruction reads it before it is overwritten (`dst_dead`). Neither applies when a run
+  // keeps the written order (aliasing arguments).
+  bool absorbs_next = false;
+  bool dst_dead = false;
+  bool absorbed = false;
+  Operand acc_dst;  // kMatmul with absorbs_next: the accumulator (float32, unit free stride)
 };
 
 // A run of consecutive elementwise instructions [begin, end) of one instance that the executor
@@ -154,6 +163,7 @@ void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_
 // two axes and at least one unreduced axis, on the calling thread.
 void run_elementwise_rows(const Instr& in, char* const* slots, uint64_t seed, int64_t p0,
                           int64_t p1);
-void run_matmul(const Instr& in, char* const* slots, bool parallel);
+// fused: apply absorbs_next / dst_dead (false: store the destination as written).
+void run_matmul(const Instr& in, char* const* slots, bool parallel, bool fused);
 
 }  // namespace openneuron::nki

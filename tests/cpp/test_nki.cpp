@@ -313,5 +313,53 @@ TEST(Nki, TwoAxisRowsWithScalarsAndOverlap) {
   }
 }
 
+// `acc += nl.matmul(...)`: a matmul into a PSUM tile, then an accumulating copy of that tile.
+// The add runs in the matmul's store; the tile itself is still written when a later
+// instruction reads it (read_back), and only then.
+TEST(Nki, MatmulAbsorbsTheAccumulateAfterIt) {
+  const int K = 3, M = 4, N = 5;
+  for (bool read_back : {false, true}) {
+    // slots: stationary, moving, acc (HBM), copy of the tile (HBM), arena (the tile)
+    Encoder e({K * M * 4, K * N * 4, M * N * 4, M * N * 4, M * N * 4});
+    e.w.insert(e.w.end(), {1, read_back ? 3 : 2});
+    e.header(1, {M, N, K});
+    e.operand(0, 4, 0, {N, 1, 0});
+    e.w.push_back(2);
+    e.operand(0, 0, 0, {1, 0, M});
+    e.operand(0, 1, 0, {0, 1, N});
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {M, N}, 0, kAdd, /*acc=*/true);  // acc += tile
+    e.operand(0, 2, 0, {N, 1});
+    e.w.push_back(1);
+    e.operand(0, 4, 0, {N, 1});
+    e.w.insert(e.w.end(), {0, 0});
+    if (read_back) {
+      e.header(0, {M, N});  // copy = tile
+      e.operand(0, 3, 0, {N, 1});
+      e.w.push_back(1);
+      e.operand(0, 4, 0, {N, 1});
+      e.w.insert(e.w.end(), {0, 0});
+    }
+    auto p = e.parse();
+    EXPECT_TRUE(p->instances[0][0].absorbs_next);
+    EXPECT_TRUE(p->instances[0][1].absorbed);
+    EXPECT_EQ(p->instances[0][0].dst_dead, !read_back);
+    std::vector<float> st(K * M), mv(K * N), acc(M * N), copy(M * N, -1.0f);
+    for (int i = 0; i < K * M; ++i) st[i] = static_cast<float>(i + 1);
+    for (int i = 0; i < K * N; ++i) mv[i] = static_cast<float>(i % 7) - 3.0f;
+    for (int i = 0; i < M * N; ++i) acc[i] = 0.5f * static_cast<float>(i);
+    const std::vector<float> acc0 = acc;
+    void* slots[] = {st.data(), mv.data(), acc.data(), copy.data(), nullptr};
+    program_run(*p, slots);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        float ref = 0;
+        for (int k = 0; k < K; ++k) ref += st[k * M + m] * mv[k * N + n];
+        EXPECT_EQ(acc[m * N + n], acc0[m * N + n] + ref);
+        EXPECT_EQ(copy[m * N + n], read_back ? ref : -1.0f);
+      }
+  }
+}
+
 }  // namespace
 }  // namespace openneuron::nki
