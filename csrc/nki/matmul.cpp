@@ -124,11 +124,11 @@ void gather_panel(const Operand& o, const char* base, int64_t sr, int64_t sc, in
 // Columns [n_begin, n_end) of the result c (M x N, leading dimension Np) into the
 // destination, through the elementwise path's conversions (or accumulated into it).
 void store_cols(const Instr& in, char* const* slots, const float* c, int64_t Np, int64_t n_begin,
-                int64_t n_end, bool fused) {
+                int64_t n_end) {
   const int64_t M = in.extent[0];
   const Operand& d = in.dst;
   char* base = slots[d.slot];
-  if (fused && in.absorbs_next) {  // acc[m, n] = acc[m, n] + result[m, n], as the absorbed add
+  if (in.absorbs_next) {  // acc[m, n] = acc[m, n] + result[m, n], as the absorbed add
     const Operand& a = in.acc_dst;
     for (int64_t m = 0; m < M; ++m) {
       float* acc = reinterpret_cast<float*>(slots[a.slot]) + a.offset + m * a.stride[0];
@@ -136,7 +136,7 @@ void store_cols(const Instr& in, char* const* slots, const float* c, int64_t Np,
       for (int64_t n = n_begin; n < n_end; ++n) acc[n] = acc[n] + row[n];
     }
   }
-  if (fused && in.dst_dead) return;
+  if (in.dst_dead) return;
   for (int64_t m = 0; m < M; ++m) {
     const float* row = c + m * Np;
     const int64_t off = d.offset + m * d.stride[0];
@@ -172,7 +172,7 @@ void store_cols(const Instr& in, char* const* slots, const float* c, int64_t Np,
 
 }  // namespace
 
-void run_matmul(const Instr& in, char* const* slots, bool parallel, bool fused) {
+void run_matmul(const Instr& in, char* const* slots, bool parallel) {
   const int64_t M = in.extent[0], N = in.extent[1], K = in.extent[2];
   if (M == 0 || N == 0) return;
   const int64_t Mp = (M + kRowBlock - 1) / kRowBlock * kRowBlock;
@@ -216,7 +216,7 @@ void run_matmul(const Instr& in, char* const* slots, bool parallel, bool fused) 
       pack_b(pb, ldb, K, blk * kColBlock, bp.data());
       gemm(ap, bp.data(), pc, Np, Mp, K, blk * kColBlock);
     }
-    store_cols(in, slots, pc, Np, blk0 * kColBlock, std::min(N, blk1 * kColBlock), fused);
+    store_cols(in, slots, pc, Np, blk0 * kColBlock, std::min(N, blk1 * kColBlock));
   };
   // NOTE: a parallel region costs microseconds; a full 128 x 512 x 128 tile is ~8 M FMAs.
   constexpr int64_t kParallelFmas = int64_t{1} << 20;

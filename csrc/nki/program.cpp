@@ -205,14 +205,8 @@ Instr read_instr(Reader& r, const Program& p) {
 
 // --- the schedule: instructions grouped for row-block execution ------------------------------
 
-// The bytes one view operand touches: [lo, hi) over the whole iteration box, and [row_lo, row_hi)
-// at row 0 of axis 0, each later row row_stride further, over `rows` rows.
-struct Footprint {
-  int32_t slot = 0;
-  int64_t lo = 0, hi = 0, row_lo = 0, row_hi = 0, row_stride = 0, rows = 1;
-};
+}  // namespace
 
-// Only for views that passed check_view (all within their slot) of a non-empty box.
 Footprint footprint(const Operand& o, const Instr& in) {
   const int64_t size = static_cast<int64_t>(dtype_size(o.dtype));
   int64_t rel_lo = 0, rel_hi = 0;
@@ -231,6 +225,8 @@ Footprint footprint(const Operand& o, const Instr& in) {
   f.hi = f.row_hi + std::max<int64_t>(0, reach0);
   return f;
 }
+
+namespace {
 
 // True when no element that a touches in row p is touched by b in a row q != p: the two do not
 // overlap at all, or both touch row 0 only, or they step through memory row by row alike (a
@@ -266,73 +262,6 @@ bool row_blockable(const Instr& in) {
   return true;
 }
 
-// --- a matmul and the `acc += result` after it, fused -------------------------------------
-
-bool overlaps(const Footprint& a, const Footprint& b) {
-  return a.slot == b.slot && a.lo < b.hi && b.lo < a.hi;
-}
-
-// Same memory, element for element, over a two-axis box.
-bool same_view2(const Operand& a, const Operand& b) {
-  return a.type == Operand::kView && b.type == Operand::kView && a.slot == b.slot &&
-         a.dtype == b.dtype && a.offset == b.offset && a.stride[0] == b.stride[0] &&
-         a.stride[1] == b.stride[1];
-}
-
-// Instruction e is `acc += m's result` over exactly m's [M, N] result, with an accumulator the
-// matmul's store may write while other threads still read m's operands and result.
-bool absorbable(const Instr& m, const Instr& e) {
-  if (m.kind != Kind::kMatmul || m.accumulate || m.dst.dtype != DType::k_float32) return false;
-  if (e.kind != Kind::kElementwise || e.ndim != 2 || e.extent[0] != m.extent[0] ||
-      e.extent[1] != m.extent[1] || e.nreduce != 0 || !e.accumulate || e.acc_op != Op::k_add ||
-      !e.steps.empty() || e.src.size() != 1 || !e.preds.empty())
-    return false;
-  if (!same_view2(e.src[0], m.dst) || e.dst.type != Operand::kView ||
-      e.dst.dtype != DType::k_float32 || e.dst.stride[1] != 1 || e.extent[0] == 0 ||
-      e.extent[1] == 0)
-    return false;
-  const Footprint acc = footprint(e.dst, e);
-  if (overlaps(acc, footprint(m.dst, m))) return false;
-  for (const Operand& o : m.src)
-    if (o.type == Operand::kView && overlaps(acc, footprint(o, m))) return false;
-  return true;
-}
-
-// True when instructions [from, ...) of this instance overwrite all of m's result before any
-// reads a byte of it (or end without reading it, the result being arena scratch). Looks at a
-// bounded number of instructions; any partial write or doubt is "read".
-bool result_dead(const std::vector<Instr>& instrs, size_t from, const Instr& m, int32_t arena) {
-  constexpr size_t kLookAhead = 64;
-  const Footprint t = footprint(m.dst, m);
-  const size_t end = std::min(instrs.size(), from + kLookAhead);
-  for (size_t j = from; j < end; ++j) {
-    const Instr& in = instrs[j];
-    for (int d = 0; d < in.ndim; ++d)
-      if (in.extent[d] == 0) return false;
-    for (const Operand& o : in.src)
-      if (o.type == Operand::kView && overlaps(t, footprint(o, in))) return false;
-    if (!overlaps(t, footprint(in.dst, in))) continue;
-    const bool covers = !in.accumulate && in.preds.empty() && same_view2(in.dst, m.dst) &&
-                        in.extent[0] == m.extent[0] && in.extent[1] == m.extent[1] &&
-                        (in.kind == Kind::kMatmul || (in.ndim == 2 && in.nreduce == 0));
-    return covers;
-  }
-  return end == instrs.size() && t.slot == arena;
-}
-
-void fuse_accumulates(std::vector<Instr>& instrs, int32_t arena) {
-  for (size_t i = 0; i + 1 < instrs.size(); ++i) {
-    Instr& m = instrs[i];
-    if (m.kind != Kind::kMatmul || m.extent[0] == 0 || m.extent[1] == 0 || m.extent[2] == 0 ||
-        !absorbable(m, instrs[i + 1]))
-      continue;
-    m.absorbs_next = true;
-    m.acc_dst = instrs[i + 1].dst;
-    instrs[i + 1].absorbed = true;
-    m.dst_dead = result_dead(instrs, i + 2, m, arena);
-  }
-}
-
 // NOTE: kMaxGroup bounds the parse-time checks (each instruction against its group's
 // footprints, a few hundred); each group is one parallel region, which costs a time slice when
 // another process holds a core, so groups span many tile iterations; kBlockBytes is one
@@ -359,7 +288,7 @@ std::vector<Group> schedule(const std::vector<Instr>& instrs) {
   for (size_t i = 0; i < instrs.size(); ++i) {
     const Instr& in = instrs[i];
     const int32_t at = static_cast<int32_t>(i);
-    if (in.absorbed) continue;  // runs in the matmul before it, which ends any group
+    if (in.absorbed || in.dropped) continue;  // absorbed: run by the matmul before it
     in_reads.clear();
     Footprint w;
     bool ok = row_blockable(in);
@@ -440,9 +369,9 @@ bool slots_overlap(const Program& p, void* const* slots) {
   return false;
 }
 
-void run_one(const Instr& in, char* const* slots, bool parallel, uint64_t seed, bool fused) {
+void run_one(const Instr& in, char* const* slots, bool parallel, uint64_t seed) {
   if (in.kind == Kind::kMatmul)
-    run_matmul(in, slots, parallel, fused);
+    run_matmul(in, slots, parallel);
   else
     run_elementwise(in, slots, parallel, seed);
 }
@@ -450,7 +379,7 @@ void run_one(const Instr& in, char* const* slots, bool parallel, uint64_t seed, 
 void run_group(const std::vector<Instr>& instrs, const Group& g, char* const* slots, bool parallel,
                uint64_t seed) {
   if (!g.blocked) {
-    run_one(instrs[static_cast<size_t>(g.begin)], slots, parallel, seed, /*fused=*/true);
+    run_one(instrs[static_cast<size_t>(g.begin)], slots, parallel, seed);
     return;
   }
   const int64_t n_blocks = (g.rows + g.block_rows - 1) / g.block_rows;
@@ -458,8 +387,10 @@ void run_group(const std::vector<Instr>& instrs, const Group& g, char* const* sl
     for (int64_t blk = b; blk < e; ++blk) {
       const int64_t p0 = blk * g.block_rows;
       const int64_t p1 = std::min(g.rows, p0 + g.block_rows);
-      for (int32_t i = g.begin; i < g.end; ++i)
-        run_elementwise_rows(instrs[static_cast<size_t>(i)], slots, seed, p0, p1);
+      for (int32_t i = g.begin; i < g.end; ++i) {
+        const Instr& in = instrs[static_cast<size_t>(i)];
+        if (!in.dropped) run_elementwise_rows(in, slots, seed, p0, p1);
+      }
     }
   };
   // NOTE: a parallel region costs a few microseconds: worth it from ~32 K lanes of work.
@@ -477,11 +408,11 @@ void run_instance(const Program& p, size_t instance, void* const* slots, bool pa
   char* local[64];
   for (size_t i = 0; i < n_slots; ++i) local[i] = static_cast<char*>(slots[i]);
   if (local[n_slots - 1] == nullptr) local[n_slots - 1] = thread_arena(p.slot_bytes.back());
-  const std::vector<Instr>& instrs = p.instances[instance];
   if (in_order) {
-    for (const Instr& in : instrs) run_one(in, local, parallel, seed, /*fused=*/false);
+    for (const Instr& in : p.instances[instance]) run_one(in, local, parallel, seed);
     return;
   }
+  const std::vector<Instr>& instrs = p.rewritten[instance];
   for (const Group& g : p.schedules[instance]) run_group(instrs, g, local, parallel, seed);
 }
 
@@ -503,10 +434,12 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
     std::vector<Instr> instrs;
     instrs.reserve(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) instrs.push_back(read_instr(r, *p));
-    fuse_accumulates(instrs, static_cast<int32_t>(n_slots - 1));
+    std::vector<Instr> rewritten = instrs;
+    rewrite_instance(rewritten, static_cast<int32_t>(n_slots - 1));
     p->n_instrs += n;
-    p->schedules.push_back(schedule(instrs));
+    p->schedules.push_back(schedule(rewritten));
     p->instances.push_back(std::move(instrs));
+    p->rewritten.push_back(std::move(rewritten));
   }
   if (!r.done()) r.fail("trailing words");
   return p.release();

@@ -108,14 +108,15 @@ struct Instr {
   std::vector<Step> steps;
   std::vector<Pred> preds;
   int32_t line = -1;  // index into Program::lines
-  // Set at parse time (program.cpp, fuse_accumulates). kMatmul: the instruction after it, an
-  // elementwise `acc += dst` (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`;
-  // that one is marked `absorbed` and skipped), and its own destination is not written when no
-  // instruction reads it before it is overwritten (`dst_dead`). Neither applies when a run
-  // keeps the written order (aliasing arguments).
+  // Set by rewrite_instance. kMatmul: the instruction after it, an elementwise `acc += dst`
+  // (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`), and its own
+  // destination is not written when no instruction reads it before it is overwritten
+  // (`dst_dead`). absorbed: run in the matmul before it. dropped: a load or store whose
+  // readers or producer now use its other end; not run.
   bool absorbs_next = false;
   bool dst_dead = false;
   bool absorbed = false;
+  bool dropped = false;
   Operand acc_dst;  // kMatmul with absorbs_next: the accumulator (float32, unit free stride)
 };
 
@@ -140,7 +141,8 @@ struct Program {
   std::vector<std::string> lines;             // "file:line" of each recorded call, for errors
   std::vector<int64_t> slot_bytes;            // size of every slot; the last one is the arena
   std::vector<std::vector<Instr>> instances;  // one instruction list per grid instance
-  std::vector<std::vector<Group>> schedules;  // per instance: its instructions in groups
+  std::vector<std::vector<Instr>> rewritten;  // the same after rewrite_instance
+  std::vector<std::vector<Group>> schedules;  // per instance: `rewritten` in groups
   int64_t n_instrs = 0;
   mutable std::atomic<uint64_t> launches{0};  // dropout's seed: a different mask per run
 };
@@ -156,14 +158,31 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
 // of the same program. Throws std::runtime_error naming the kernel line on failure.
 void program_run(const Program& p, void* const* slots);
 
-// Internals shared by execute.cpp and matmul.cpp. `parallel`: the instruction may split over
-// threads (false inside grid instances, which already run in parallel).
+// Internals shared by program.cpp, rewrite.cpp, execute.cpp and matmul.cpp.
+
+// The bytes one view operand touches: [lo, hi) over the whole iteration box, and [row_lo, row_hi)
+// at row 0 of axis 0, each later row row_stride further, over `rows` rows.
+struct Footprint {
+  int32_t slot = 0;
+  int64_t lo = 0, hi = 0, row_lo = 0, row_hi = 0, row_stride = 0, rows = 1;
+};
+// Only for views that passed the parser's bounds check, of a non-empty box.
+Footprint footprint(const Operand& o, const Instr& in);
+
+// Parse-time rewrites of one instance's instructions (rewrite.cpp), before scheduling: loads
+// whose tile is only read as loaded are forwarded to their readers, stores to their producer,
+// and a matmul absorbs the `acc += result` after it. `arena`: the arena's slot. Results are
+// bitwise those of the instructions as written; a run over aliasing arguments uses
+// Program::instances (as traced) instead.
+void rewrite_instance(std::vector<Instr>& instrs, int32_t arena);
+
+// `parallel`: the instruction may split over threads (false inside grid instances, which
+// already run in parallel).
 void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_t seed);
 // Rows [p0, p1) of axis 0 (clipped to the instruction's extent) of an instruction with at least
 // two axes and at least one unreduced axis, on the calling thread.
 void run_elementwise_rows(const Instr& in, char* const* slots, uint64_t seed, int64_t p0,
                           int64_t p1);
-// fused: apply absorbs_next / dst_dead (false: store the destination as written).
-void run_matmul(const Instr& in, char* const* slots, bool parallel, bool fused);
+void run_matmul(const Instr& in, char* const* slots, bool parallel);
 
 }  // namespace openneuron::nki

@@ -5,6 +5,7 @@
 // cross-row dependency or aliasing arguments keep the written order.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -341,9 +342,9 @@ TEST(Nki, MatmulAbsorbsTheAccumulateAfterIt) {
       e.w.insert(e.w.end(), {0, 0});
     }
     auto p = e.parse();
-    EXPECT_TRUE(p->instances[0][0].absorbs_next);
-    EXPECT_TRUE(p->instances[0][1].absorbed);
-    EXPECT_EQ(p->instances[0][0].dst_dead, !read_back);
+    EXPECT_TRUE(p->rewritten[0][0].absorbs_next);
+    EXPECT_TRUE(p->rewritten[0][1].absorbed);
+    EXPECT_EQ(p->rewritten[0][0].dst_dead, !read_back);
     std::vector<float> st(K * M), mv(K * N), acc(M * N), copy(M * N, -1.0f);
     for (int i = 0; i < K * M; ++i) st[i] = static_cast<float>(i + 1);
     for (int i = 0; i < K * N; ++i) mv[i] = static_cast<float>(i % 7) - 3.0f;
@@ -358,6 +359,66 @@ TEST(Nki, MatmulAbsorbsTheAccumulateAfterIt) {
         EXPECT_EQ(acc[m * N + n], acc0[m * N + n] + ref);
         EXPECT_EQ(copy[m * N + n], read_back ? ref : -1.0f);
       }
+  }
+}
+
+// Loads and stores forwarded at parse time: `a = load x; b = NaN; b = a * 2; store out <- b`
+// runs as `out = x * 2` (the load and the store dropped; b's NaN fill stays; the dropped store
+// lies inside the row-block group, which `out2 = 1` extends past it). Not forwarded: a store
+// whose tile is read afterwards (variant 1: out2 = b), a load whose HBM source is written
+// before its tile is read (variant 2: x = 7 instead of the NaN fill).
+TEST(Nki, LoadsAndStoresForwardedWhereTheTileIsOnlyCopied) {
+  constexpr int64_t F = 8, kPitch = 16;  // tiles a (columns 0-7) and b (8-15) of 4 partitions
+  for (int variant : {0, 1, 2}) {
+    Encoder e({4 * F * 4, 4 * F * 4, 4 * F * 4, 4 * kPitch * 4});  // x, out, out2, arena
+    e.w.insert(e.w.end(), {1, 5});
+    e.header(0, {4, F});  // a = load x
+    e.operand(0, 3, 0, {kPitch, 1});
+    e.w.push_back(1);
+    rows_view(e, 0, 0, F);
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {4, F});  // b = NaN (variant 2: x = 7)
+    if (variant == 2)
+      rows_view(e, 0, 0, F);
+    else
+      e.operand(0, 3, F, {kPitch, 1});
+    e.w.push_back(1);
+    e.operand(1, 0, 0, {0, 0}, variant == 2 ? 7.0 : NAN);
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {4, F});  // b = a * 2
+    e.operand(0, 3, F, {kPitch, 1});
+    e.w.push_back(2);
+    e.operand(0, 3, 0, {kPitch, 1});
+    e.operand(1, 0, 0, {0, 0}, 2.0);
+    e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+    e.header(0, {4, F});  // out = store b
+    rows_view(e, 1, 0, F);
+    e.w.push_back(1);
+    e.operand(0, 3, F, {kPitch, 1});
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {4, F});  // out2 = 1, or out2 = store b
+    rows_view(e, 2, 0, F);
+    e.w.push_back(1);
+    if (variant == 0)
+      e.operand(1, 0, 0, {0, 0}, 1.0);
+    else
+      e.operand(0, 3, F, {kPitch, 1});
+    e.w.insert(e.w.end(), {0, 0});
+    auto p = e.parse();
+    const std::vector<Instr>& run = p->rewritten[0];
+    EXPECT_EQ(run[0].dropped, variant != 2) << variant;
+    EXPECT_EQ(run[3].dropped, variant == 0) << variant;
+    EXPECT_EQ(run[2].src[0].slot, variant == 2 ? 3 : 0) << variant;
+    std::vector<float> x(4 * F), out(4 * F), out2(4 * F);
+    for (int64_t i = 0; i < 4 * F; ++i) x[i] = static_cast<float>(i) - 5.0f;
+    const std::vector<float> x0 = x;
+    void* slots[] = {x.data(), out.data(), out2.data(), nullptr};
+    program_run(*p, slots);
+    for (int64_t i = 0; i < 4 * F; ++i) {
+      ASSERT_EQ(out[i], 2.0f * x0[i]) << variant << " " << i;
+      ASSERT_EQ(out2[i], variant == 0 ? 1.0f : 2.0f * x0[i]) << variant << " " << i;
+      ASSERT_EQ(x[i], variant == 2 ? 7.0f : x0[i]);
+    }
   }
 }
 
