@@ -5,6 +5,7 @@
 // threads for a large tile) and the result is written (or accumulated) through the
 // destination's strides, and added into the accumulator of an absorbed `acc += result`.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -170,7 +171,11 @@ void store_cols(const Instr& in, char* const* slots, const float* c, int64_t Np,
   }
 }
 
+std::atomic<GemmBackend> g_gemm_backend{nullptr};
+
 }  // namespace
+
+void set_gemm_backend(GemmBackend gemm) { g_gemm_backend.store(gemm); }
 
 void run_matmul(const Instr& in, char* const* slots, bool parallel) {
   const int64_t M = in.extent[0], N = in.extent[1], K = in.extent[2];
@@ -204,6 +209,18 @@ void run_matmul(const Instr& in, char* const* slots, bool parallel) {
   }
   c.resize(static_cast<size_t>(Mp * Np));
   float* pc = c.data();
+  // NOTE: a parallel region costs microseconds; a full 128 x 512 x 128 tile is ~8 M FMAs.
+  constexpr int64_t kParallelFmas = int64_t{1} << 20;
+  const int64_t n_blocks = Np / kColBlock;
+  const bool large = parallel && n_blocks > 1 && M * N * K >= kParallelFmas;
+  const GemmBackend host_gemm = g_gemm_backend.load(std::memory_order_relaxed);
+  if (host_gemm != nullptr && large) {
+    host_gemm(M, N, K, pa, lda, pb, ldb, pc, Np);
+    runtime::parallel_for(0, n_blocks, 1, [&](int64_t blk0, int64_t blk1) {
+      store_cols(in, slots, pc, Np, blk0 * kColBlock, std::min(N, blk1 * kColBlock));
+    });
+    return;
+  }
   packed_a.resize(static_cast<size_t>(Mp * K));
   pack_a(pa, lda, Mp, K, packed_a.data());
   const float* ap = packed_a.data();
@@ -218,10 +235,7 @@ void run_matmul(const Instr& in, char* const* slots, bool parallel) {
     }
     store_cols(in, slots, pc, Np, blk0 * kColBlock, std::min(N, blk1 * kColBlock));
   };
-  // NOTE: a parallel region costs microseconds; a full 128 x 512 x 128 tile is ~8 M FMAs.
-  constexpr int64_t kParallelFmas = int64_t{1} << 20;
-  const int64_t n_blocks = Np / kColBlock;
-  if (parallel && n_blocks > 1 && M * N * K >= kParallelFmas)
+  if (large)
     runtime::parallel_for(0, n_blocks, 1, cols);
   else
     cols(0, n_blocks);
