@@ -210,10 +210,10 @@ bool absorbable(const Instr& m, const Instr& e) {
       e.dst.dtype != DType::k_float32 || e.dst.stride[1] != 1 || e.extent[0] == 0 ||
       e.extent[1] == 0)
     return false;
-  const Footprint acc = footprint(e.dst, e);
-  if (overlaps(acc, footprint(m.dst, m))) return false;
+  const int64_t pitch = e.dst.stride[0] * 4;
+  if (touch(e.dst, e, m.dst, m, pitch)) return false;
   for (const Operand& o : m.src)
-    if (o.type == Operand::kView && overlaps(acc, footprint(o, m))) return false;
+    if (touch(e.dst, e, o, m, pitch)) return false;
   return true;
 }
 

@@ -422,5 +422,41 @@ TEST(Nki, LoadsAndStoresForwardedWhereTheTileIsOnlyCopied) {
   }
 }
 
+// The accumulator and the matmul's result in the same partitions, different columns (tiles
+// partition-major: their byte ranges interleave without sharing a byte): still absorbed.
+TEST(Nki, MatmulAbsorbsAnAccumulatorInterleavedWithItsResult) {
+  const int K = 3, M = 4, N = 5, kPitch = 2 * N;  // acc in columns 0-4, the result in 5-9
+  Encoder e({K * M * 4, K * N * 4, M * kPitch * 4, 64});
+  e.w.insert(e.w.end(), {1, 2});
+  e.header(1, {M, N, K});
+  e.operand(0, 2, N, {kPitch, 1, 0});
+  e.w.push_back(2);
+  e.operand(0, 0, 0, {1, 0, M});
+  e.operand(0, 1, 0, {0, 1, N});
+  e.w.insert(e.w.end(), {0, 0});
+  e.header(0, {M, N}, 0, kAdd, /*acc=*/true);
+  e.operand(0, 2, 0, {kPitch, 1});
+  e.w.push_back(1);
+  e.operand(0, 2, N, {kPitch, 1});
+  e.w.insert(e.w.end(), {0, 0});
+  auto p = e.parse();
+  EXPECT_TRUE(p->rewritten[0][0].absorbs_next);
+  EXPECT_FALSE(p->rewritten[0][0].dst_dead);  // an argument, not scratch
+  std::vector<float> st(K * M), mv(K * N), both(M * kPitch);
+  for (int i = 0; i < K * M; ++i) st[i] = static_cast<float>(i + 1);
+  for (int i = 0; i < K * N; ++i) mv[i] = static_cast<float>(i % 7) - 3.0f;
+  for (int i = 0; i < M * kPitch; ++i) both[i] = 0.5f * static_cast<float>(i);
+  const std::vector<float> both0 = both;
+  void* slots[] = {st.data(), mv.data(), both.data(), nullptr};
+  program_run(*p, slots);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      float ref = 0;
+      for (int k = 0; k < K; ++k) ref += st[k * M + m] * mv[k * N + n];
+      EXPECT_EQ(both[m * kPitch + N + n], ref);
+      EXPECT_EQ(both[m * kPitch + n], both0[m * kPitch + n] + ref);
+    }
+}
+
 }  // namespace
 }  // namespace openneuron::nki
