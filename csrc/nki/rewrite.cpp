@@ -14,7 +14,7 @@ namespace {
 
 // NOTE: every rewrite looks at a bounded window of instructions (parse time stays linear); past
 // it, the program is left as written.
-constexpr size_t kLookAhead = 64;
+constexpr size_t kLookAhead = 256;
 
 bool overlaps(const Footprint& a, const Footprint& b) {
   return a.slot == b.slot && a.lo < b.hi && b.lo < a.hi;
@@ -50,10 +50,12 @@ bool touch(const Operand& a, const Instr& ia, const Operand& b, const Instr& ib,
 }
 
 // Same memory, element for element, over a two-axis box.
-bool same_view2(const Operand& a, const Operand& b) {
+// Same memory, element for element, over the two-axis box (strides of one-element axes aside).
+bool same_view2(const Operand& a, const Operand& b, const Instr& box) {
   return a.type == Operand::kView && b.type == Operand::kView && a.slot == b.slot &&
-         a.dtype == b.dtype && a.offset == b.offset && a.stride[0] == b.stride[0] &&
-         a.stride[1] == b.stride[1];
+         a.dtype == b.dtype && a.offset == b.offset &&
+         (box.extent[0] == 1 || a.stride[0] == b.stride[0]) &&
+         (box.extent[1] == 1 || a.stride[1] == b.stride[1]);
 }
 
 // --- forwarded copies -----------------------------------------------------------------------
@@ -75,9 +77,23 @@ bool empty_box(const Instr& in) {
 // True when `in` writes every element of `view` over the two-axis box `box`, unmasked, without
 // reading the old values.
 bool covers(const Instr& in, const Operand& view, const Instr& box) {
-  return !in.accumulate && in.preds.empty() && same_view2(in.dst, view) &&
+  return !in.accumulate && in.preds.empty() && same_view2(in.dst, view, box) &&
          in.extent[0] == box.extent[0] && in.extent[1] == box.extent[1] &&
          (in.kind == Kind::kMatmul || (in.ndim == 2 && in.nreduce == 0));
+}
+
+// Operand o of `in` reads exactly what one of the `partial` writes (instructions that
+// overwrote part of a tile being followed) wrote, all of it unmasked: nothing older.
+bool reads_a_later_write(const Operand& o, const Instr& in, const std::vector<Instr>& instrs,
+                         const std::vector<size_t>& partial) {
+  for (size_t w : partial) {
+    const Instr& wr = instrs[w];
+    if (wr.kind == Kind::kElementwise && wr.nreduce == 0 && wr.preds.empty() && !wr.accumulate &&
+        in.ndim == 2 && wr.ndim == 2 && in.extent[0] == wr.extent[0] &&
+        in.extent[1] == wr.extent[1] && same_view2(o, wr.dst, in))
+      return true;
+  }
+  return false;
 }
 
 // o (an operand of an instruction over `in`'s box) reads the tile that load `ld` wrote; on
@@ -126,6 +142,7 @@ void forward_load(std::vector<Instr>& instrs, size_t i, int32_t arena) {
     Operand to;
   };
   std::vector<Sub> subs;
+  std::vector<size_t> partial;  // instructions that overwrote part of the tile
   const size_t end = std::min(instrs.size(), i + 1 + kLookAhead);
   size_t j = i + 1;
   for (; j < end; ++j) {
@@ -134,15 +151,18 @@ void forward_load(std::vector<Instr>& instrs, size_t i, int32_t arena) {
     if (empty_box(in)) return;
     for (size_t k = 0; k < in.src.size(); ++k) {
       const Operand& o = in.src[k];
-      if (!touch(o, in, tile, ld, pitch)) continue;
+      if (!touch(o, in, tile, ld, pitch) || reads_a_later_write(o, in, instrs, partial)) continue;
+      for (size_t w : partial)  // reads some of what a later write put there
+        if (touch(o, in, instrs[w].dst, instrs[w], pitch)) return;
       Operand to;
       if (!map_through_load(o, in, ld, &to)) return;
       subs.push_back({j, k, to});
     }
     if (touch(in.dst, in, hbm, ld, 0)) return;
     if (touch(in.dst, in, tile, ld, pitch)) {
-      if (!covers(in, tile, ld)) return;
-      break;
+      if (covers(in, tile, ld)) break;
+      if (in.accumulate) return;
+      partial.push_back(j);
     }
   }
   if (j == end && end != instrs.size()) return;
@@ -150,19 +170,25 @@ void forward_load(std::vector<Instr>& instrs, size_t i, int32_t arena) {
   instrs[i].dropped = true;
 }
 
-// True when instructions [from, ...) overwrite all of `view` over `box` before any reads a byte
-// of it (or end without reading it, `view` being arena scratch).
+// True when instructions [from, ...) overwrite all of `view` over `box` (at once; partial writes
+// before that are passed over) before any reads a byte of it, or end without reading it, `view`
+// being arena scratch.
 bool unread_after(const std::vector<Instr>& instrs, size_t from, const Operand& view,
                   const Instr& box, int32_t arena) {
   const int64_t pitch = view.stride[0] * static_cast<int64_t>(dtype_size(view.dtype));
   const size_t end = std::min(instrs.size(), from + kLookAhead);
+  std::vector<size_t> partial;
   for (size_t j = from; j < end; ++j) {
     const Instr& in = instrs[j];
     if (in.dropped) continue;
     if (empty_box(in)) return false;
     for (const Operand& o : in.src)
-      if (touch(o, in, view, box, pitch)) return false;
-    if (touch(in.dst, in, view, box, pitch)) return covers(in, view, box);
+      if (touch(o, in, view, box, pitch) && !reads_a_later_write(o, in, instrs, partial))
+        return false;
+    if (!touch(in.dst, in, view, box, pitch)) continue;
+    if (in.accumulate) return false;         // reads what it writes
+    if (covers(in, view, box)) return true;  // after a partial write the rest may be read
+    partial.push_back(j);
   }
   return end == instrs.size() && view.slot == arena;
 }
@@ -206,7 +232,7 @@ bool absorbable(const Instr& m, const Instr& e) {
       e.extent[1] != m.extent[1] || e.nreduce != 0 || !e.accumulate || e.acc_op != Op::k_add ||
       !e.steps.empty() || e.src.size() != 1 || !e.preds.empty())
     return false;
-  if (!same_view2(e.src[0], m.dst) || e.dst.type != Operand::kView ||
+  if (!same_view2(e.src[0], m.dst, e) || e.dst.type != Operand::kView ||
       e.dst.dtype != DType::k_float32 || e.dst.stride[1] != 1 || e.extent[0] == 0 ||
       e.extent[1] == 0)
     return false;

@@ -458,5 +458,52 @@ TEST(Nki, MatmulAbsorbsAnAccumulatorInterleavedWithItsResult) {
     }
 }
 
+// A load's tile region reused by a smaller tile (a [P, 1] column written, then read) while the
+// loaded tile is still read: the load is forwarded (the column read sees the column's values);
+// not when a read of the loaded view follows the column write (variant 1: it must see both).
+TEST(Nki, LoadForwardedPastASmallerTileInItsColumns) {
+  constexpr int64_t F = 8, kPitch = 8;
+  for (int variant : {0, 1}) {
+    Encoder e({4 * F * 4, 4 * F * 4, 4 * 4, 4 * kPitch * 4});  // x, out, col, arena
+    e.w.insert(e.w.end(), {1, 4});
+    e.header(0, {4, F});  // a = load x
+    e.operand(0, 3, 0, {kPitch, 1});
+    e.w.push_back(1);
+    rows_view(e, 0, 0, F);
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {4, 1});  // c = 3 (column 0 of a's partitions)
+    e.operand(0, 3, 0, {kPitch, 0});
+    e.w.push_back(1);
+    e.operand(1, 0, 0, {0, 0}, 3.0);
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {4, 1});  // col = c * 2
+    e.operand(0, 2, 0, {1, 0});
+    e.w.push_back(2);
+    e.operand(0, 3, 0, {kPitch, 0});
+    e.operand(1, 0, 0, {0, 0}, 2.0);
+    e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+    e.header(0, {4, F});  // out = a + 1 (variant 0: out = x + 1)
+    rows_view(e, 1, 0, F);
+    e.w.push_back(2);
+    if (variant == 0)
+      rows_view(e, 0, 0, F);
+    else
+      e.operand(0, 3, 0, {kPitch, 1});
+    e.operand(1, 0, 0, {0, 0}, 1.0);
+    e.w.insert(e.w.end(), {1, kAdd, 0, 1, 0, 0});
+    auto p = e.parse();
+    EXPECT_EQ(p->rewritten[0][0].dropped, variant == 0) << variant;
+    std::vector<float> x(4 * F), out(4 * F), col(4);
+    for (int64_t i = 0; i < 4 * F; ++i) x[i] = static_cast<float>(i);
+    void* slots[] = {x.data(), out.data(), col.data(), nullptr};
+    program_run(*p, slots);
+    for (int64_t r = 0; r < 4; ++r) {
+      EXPECT_EQ(col[r], 6.0f);
+      for (int64_t c = 0; c < F; ++c)
+        EXPECT_EQ(out[r * F + c], (variant == 1 && c == 0 ? 3.0f : x[r * F + c]) + 1.0f);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace openneuron::nki
