@@ -5,6 +5,7 @@
 // nearly all) take a shorter row path (run_rows2). Matmul is in matmul.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/kernel_util.h"
@@ -510,8 +511,9 @@ OPENNEURON_INLINE void step_lanes(const Step& st, int n, float* out, RowRegs* R,
 }
 
 // Rows [p0, p1) of a two-axis instruction (clipped by the caller to its extent).
+// Lanes outside [lane0, lane1) are left alone (a column instruction run transposed).
 OPENNEURON_ISA_BODY void run_rows2_body(const Instr& in, char* const* slots, uint64_t seed,
-                                        int64_t p0, int64_t p1) {
+                                        int64_t p0, int64_t p1, int64_t lane0, int64_t lane1) {
   const int n_src = static_cast<int>(in.src.size());
   const int n_steps = static_cast<int>(in.steps.size());
   const int res = n_steps == 0 ? 0 : n_src + n_steps - 1;
@@ -549,6 +551,8 @@ OPENNEURON_ISA_BODY void run_rows2_body(const Instr& in, char* const* slots, uin
       idx[0] = row;
       lane_range(in, idx, &lo, &hi);
     }
+    lo = std::max(lo, lane0);
+    hi = std::max(lo, std::min(hi, lane1));
     const int64_t dst_row = d.offset + d.stride[0] * row;
     if (raw_copy) {  // chunk by chunk, as through registers (an overlapping copy alike)
       float* to = reinterpret_cast<float*>(slots[d.slot]) + dst_row;
@@ -605,9 +609,18 @@ OPENNEURON_ISA_BODY void run_rows2_body(const Instr& in, char* const* slots, uin
 }
 
 OPENNEURON_ISA_DISPATCH(void, run_rows2,
-                        (const Instr& in, char* const* slots, uint64_t seed, int64_t p0,
-                         int64_t p1),
-                        (in, slots, seed, p0, p1))
+                        (const Instr& in, char* const* slots, uint64_t seed, int64_t p0, int64_t p1,
+                         int64_t lane0, int64_t lane1),
+                        (in, slots, seed, p0, p1, lane0, lane1))
+
+// Rows [p0, p1) of a two-axis instruction; a [P, 1] column instruction (Instr::transposed) as
+// one row of P lanes, clipped to [p0, p1).
+void run_two_axes(const Instr& in, char* const* slots, uint64_t seed, int64_t p0, int64_t p1) {
+  if (!in.transposed.empty())
+    run_rows2(in.transposed[0], slots, seed, 0, 1, p0, p1);
+  else
+    run_rows2(in, slots, seed, p0, p1, 0, INT64_MAX);
+}
 
 }  // namespace
 
@@ -618,7 +631,7 @@ void run_elementwise_rows(const Instr& in, char* const* slots, uint64_t seed, in
   for (int d = 1; d < in.ndim; ++d)
     if (in.extent[d] == 0) return;
   if (in.ndim == 2) {
-    run_rows2(in, slots, seed, p0, p1);
+    run_two_axes(in, slots, seed, p0, p1);
     return;
   }
   const bool reduce = in.nreduce > 0;
@@ -643,7 +656,7 @@ void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_
   for (int d = n_outer; d < in.ndim; ++d) per_outer *= in.extent[d];
   auto body = [&](int64_t b, int64_t e) {
     if (in.ndim == 2)
-      run_rows2(in, slots, seed, b, e);
+      run_two_axes(in, slots, seed, b, e);
     else if (reduce)
       run_reduce(in, slots, seed, b, e);
     else

@@ -250,6 +250,22 @@ bool rows_independent(const Footprint& a, const Footprint& b) {
   return true;
 }
 
+// See Instr::transposed.
+void transpose_column(Instr& in) {
+  if (in.kind != Kind::kElementwise || in.ndim != 2 || in.nreduce != 0 || in.extent[1] != 1 ||
+      in.extent[0] < 2)
+    return;
+  const Footprint w = footprint(in.dst, in);
+  for (const Operand& o : in.src)
+    if (o.type == Operand::kView && !rows_independent(w, footprint(o, in))) return;
+  Instr t = in;
+  std::swap(t.extent[0], t.extent[1]);
+  std::swap(t.dst.stride[0], t.dst.stride[1]);
+  for (Operand& o : t.src) std::swap(o.stride[0], o.stride[1]);
+  for (Pred& pr : t.preds) std::swap(pr.coef[0], pr.coef[1]);
+  in.transposed.push_back(std::move(t));
+}
+
 int64_t saturating_mul(int64_t a, int64_t b) {
   int64_t r;
   return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
@@ -436,6 +452,7 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
     for (int64_t i = 0; i < n; ++i) instrs.push_back(read_instr(r, *p));
     std::vector<Instr> rewritten = instrs;
     rewrite_instance(rewritten, static_cast<int32_t>(n_slots - 1));
+    for (Instr& in : rewritten) transpose_column(in);
     p->n_instrs += n;
     p->schedules.push_back(schedule(rewritten));
     p->instances.push_back(std::move(instrs));

@@ -118,6 +118,10 @@ struct Instr {
   bool absorbed = false;
   bool dropped = false;
   Operand acc_dst;  // kMatmul with absorbs_next: the accumulator (float32, unit free stride)
+  // Set by program_parse for a [P, 1] elementwise instruction whose rows touch no memory
+  // another of its rows touches: the same instruction as one row of P lanes (axes swapped), so
+  // that a column costs one row's set-up, not P. Same lanes, same operations.
+  std::vector<Instr> transposed;
 };
 
 // A run of consecutive elementwise instructions [begin, end) of one instance that the executor

@@ -505,5 +505,34 @@ TEST(Nki, LoadForwardedPastASmallerTileInItsColumns) {
   }
 }
 
+// A [P, 1] column instruction runs as one row of P lanes (Instr::transposed), masked by rows;
+// one that reads another row of what it writes does not.
+TEST(Nki, ColumnInstructionRunsTransposed) {
+  Encoder e({6 * 4, 6 * 4, 6 * 4, 64});  // in, out, chain, arena
+  e.w.insert(e.w.end(), {1, 2});
+  e.header(0, {6, 1});  // out[p] = in[p] * 2 + 0.5 for p <= 4
+  e.operand(0, 1, 0, {1, 0});
+  e.w.push_back(3);
+  e.operand(0, 0, 0, {1, 0});
+  e.operand(1, 0, 0, {0, 0}, 2.0);
+  e.operand(1, 0, 0, {0, 0}, 0.5);
+  e.w.insert(e.w.end(), {2, kMul, 0, 1, 0, kAdd, 3, 2, 0});
+  e.w.insert(e.w.end(), {1, 4, -1, 0});  // 4 - p >= 0
+  e.header(0, {5, 1});                   // chain[p] = chain[p + 1] * 2: rows depend on each other
+  e.operand(0, 2, 0, {1, 0});
+  e.w.push_back(2);
+  e.operand(0, 2, 1, {1, 0});
+  e.operand(1, 0, 0, {0, 0}, 2.0);
+  e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+  auto p = e.parse();
+  EXPECT_EQ(p->rewritten[0][0].transposed.size(), 1u);
+  EXPECT_TRUE(p->rewritten[0][1].transposed.empty());
+  std::vector<float> in = {1, 2, 3, 4, 5, 6}, out(6, -1.0f), chain = {1, 2, 3, 4, 5, 6};
+  void* slots[] = {in.data(), out.data(), chain.data(), nullptr};
+  program_run(*p, slots);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], i <= 4 ? in[i] * 2.0f + 0.5f : -1.0f) << i;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(chain[i], 2.0f * static_cast<float>(i + 2)) << i;
+}
+
 }  // namespace
 }  // namespace openneuron::nki
