@@ -1,9 +1,11 @@
 // The elementwise instructions of a traced NKI program (loads, stores, copies, casts, fills,
 // iota, activations, tensor-tensor/scalar ops, selects, reductions over free axes): rows of the
 // iteration space in chunks of float32 lanes, each operand converted in, the steps applied as
-// vectorizable loops, the result converted out. Matmul is in matmul.cpp.
+// vectorizable loops, the result converted out; two-axis instructions ([partition, free] tiles,
+// nearly all) take a shorter row path (run_rows2). Matmul is in matmul.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/kernel_util.h"
@@ -128,16 +130,19 @@ OPENNEURON_INLINE float uniform(uint64_t seed, float index) {
   return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
 }
 
-#define NKI_LOOP(expr)          \
-  for (int j = 0; j < n; ++j) { \
-    const float x = a[j];       \
-    const float y = b[j];       \
-    (void)x;                    \
-    (void)y;                    \
-    o[j] = (expr);              \
-  }                             \
+#define NKI_LOOP(expr)             \
+  for (int j = 0; j < n; ++j) {    \
+    const float x = a[AS ? 0 : j]; \
+    const float y = b[BS ? 0 : j]; \
+    (void)x;                       \
+    (void)y;                       \
+    o[j] = (expr);                 \
+  }                                \
   break
 
+// o[0..n) = op(a, b, c) lane by lane. AS / BS: a / b is one value for every lane (a row's
+// scalar: a [P, 1] tile read along the free axis, a constant), read as a[0] / b[0].
+template <bool AS = false, bool BS = false>
 OPENNEURON_INLINE void apply(Op op, int n, float* o, const float* a, const float* b, const float* c,
                              uint64_t seed) {
   switch (op) {
@@ -228,13 +233,13 @@ OPENNEURON_INLINE void apply(Op op, int n, float* o, const float* a, const float
     case Op::k_bitwise_and:
     case Op::k_bitwise_or:
     case Op::k_bitwise_xor:
-      for (int j = 0; j < n; ++j) o[j] = bits_op(op, a[j], b[j]);
+      for (int j = 0; j < n; ++j) o[j] = bits_op(op, a[AS ? 0 : j], b[BS ? 0 : j]);
       break;
     case Op::k_select:
-      for (int j = 0; j < n; ++j) o[j] = a[j] != 0.0f ? b[j] : c[j];
+      for (int j = 0; j < n; ++j) o[j] = a[AS ? 0 : j] != 0.0f ? b[BS ? 0 : j] : c[j];
       break;
     case Op::k_dropout:  // a = data, b = lane index, c = drop probability
-      for (int j = 0; j < n; ++j) o[j] = uniform(seed, b[j]) < c[j] ? 0.0f : a[j];
+      for (int j = 0; j < n; ++j) o[j] = uniform(seed, b[BS ? 0 : j]) < c[j] ? 0.0f : a[AS ? 0 : j];
       break;
     default:
       break;
@@ -455,6 +460,168 @@ OPENNEURON_ISA_DISPATCH(void, run_reduce,
                          int64_t e1),
                         (in, slots, seed, e0, e1))
 
+// --- two-axis instructions: [partition, free] tiles, nearly every instruction ---------------
+//
+// The lanes, operations and order of run_rows / run_reduce, with a row's work cut to what a
+// two-axis instruction needs: offsets from two strides, operands and steps that are one value
+// for the whole row (a [P, 1] tile broadcast along the free axis, a constant) computed once
+// instead of per lane, and the last step written straight into a float32 unit-stride
+// destination unless an operand read in place overlaps it partly (then through a register and
+// stored, as run_rows does).
+
+constexpr int kArity[] = {
+#define OPENNEURON_NKI_OP_ARITY_ENTRY(name, arity) arity,
+    OPENNEURON_NKI_OPS(OPENNEURON_NKI_OP_ARITY_ENTRY)
+#undef OPENNEURON_NKI_OP_ARITY_ENTRY
+};
+
+// Registers of one instruction over one chunk of a row; a scalar register holds its one value
+// at r[reg][0].
+struct RowRegs {
+  float r[kMaxRegisters][kChunk];
+  const float* p[kMaxRegisters];
+  bool scalar[kMaxRegisters];
+  bool in_place[kMaxRegisters];
+};
+
+// Register reg over n lanes: a scalar one broadcast into its own storage.
+OPENNEURON_INLINE const float* lanes_of(RowRegs* R, int reg, int n) {
+  if (!R->scalar[reg]) return R->p[reg];
+  float* v = R->r[reg];
+  const float x = v[0];
+  for (int j = 1; j < n; ++j) v[j] = x;
+  return v;
+}
+
+OPENNEURON_INLINE void step_lanes(const Step& st, int n, float* out, RowRegs* R, uint64_t seed) {
+  const float* a = R->p[st.a];
+  const float* b = R->p[st.b];
+  const int arity = kArity[static_cast<int>(st.op)];
+  if (arity == 3) {
+    apply(st.op, n, out, lanes_of(R, st.a, n), lanes_of(R, st.b, n), lanes_of(R, st.c, n), seed);
+  } else if (R->scalar[st.a] && (arity == 1 || R->scalar[st.b])) {
+    apply(st.op, 1, out, a, b, b, seed);
+  } else if (arity == 2 && R->scalar[st.a]) {
+    apply<true, false>(st.op, n, out, a, b, b, seed);
+  } else if (arity == 2 && R->scalar[st.b]) {
+    apply<false, true>(st.op, n, out, a, b, b, seed);
+  } else {
+    apply(st.op, n, out, a, b, b, seed);
+  }
+}
+
+// Rows [p0, p1) of a two-axis instruction (clipped by the caller to its extent).
+// Lanes outside [lane0, lane1) are left alone (a column instruction run transposed).
+OPENNEURON_ISA_BODY void run_rows2_body(const Instr& in, char* const* slots, uint64_t seed,
+                                        int64_t p0, int64_t p1, int64_t lane0, int64_t lane1) {
+  const int n_src = static_cast<int>(in.src.size());
+  const int n_steps = static_cast<int>(in.steps.size());
+  const int res = n_steps == 0 ? 0 : n_src + n_steps - 1;
+  const bool reduce = in.nreduce == 1;
+  const int64_t width = in.extent[1];
+  const Operand& d = in.dst;
+  const Operand& s0 = in.src[0];
+  const bool raw_copy = !reduce && n_steps == 0 && !in.accumulate && s0.type == Operand::kView &&
+                        s0.dtype == DType::k_float32 && d.dtype == DType::k_float32 &&
+                        s0.stride[1] == 1 && d.stride[1] == 1;
+  RowRegs R;
+  float old[kChunk];
+  for (int i = 0; i < n_src; ++i) {
+    const Operand& o = in.src[static_cast<size_t>(i)];
+    R.scalar[i] = o.type == Operand::kConst || o.stride[1] == 0;
+    R.in_place[i] = o.type == Operand::kView && o.dtype == DType::k_float32 && o.stride[1] == 1 &&
+                    (n_steps > 0 || reduce);
+    R.p[i] = R.r[i];
+    if (o.type == Operand::kConst) R.r[i][0] = o.value;
+  }
+  for (int s = 0; s < n_steps; ++s) {
+    const Step& st = in.steps[static_cast<size_t>(s)];
+    const int arity = kArity[static_cast<int>(st.op)];
+    R.scalar[n_src + s] =
+        R.scalar[st.a] && (arity < 2 || R.scalar[st.b]) && (arity < 3 || R.scalar[st.c]);
+    R.in_place[n_src + s] = false;
+    R.p[n_src + s] = R.r[n_src + s];
+  }
+  const bool direct = !reduce && n_steps > 0 && !in.accumulate && d.dtype == DType::k_float32 &&
+                      d.stride[1] == 1 && !R.scalar[res];
+  int64_t idx[kMaxDims] = {};
+  for (int64_t row = p0; row < p1; ++row) {
+    int64_t lo = 0, hi = width;
+    if (!in.preds.empty()) {
+      idx[0] = row;
+      lane_range(in, idx, &lo, &hi);
+    }
+    lo = std::max(lo, lane0);
+    hi = std::max(lo, std::min(hi, lane1));
+    const int64_t dst_row = d.offset + d.stride[0] * row;
+    if (raw_copy) {  // chunk by chunk, as through registers (an overlapping copy alike)
+      float* to = reinterpret_cast<float*>(slots[d.slot]) + dst_row;
+      const float* from =
+          reinterpret_cast<const float*>(slots[s0.slot]) + s0.offset + s0.stride[0] * row;
+      for (int64_t j0 = lo; j0 < hi; j0 += kChunk)
+        std::memmove(to + j0, from + j0, sizeof(float) * std::min<int64_t>(kChunk, hi - j0));
+      continue;
+    }
+    float acc = reduce_identity(in.reduce_op);
+    int64_t lanes = 0;
+    for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
+      const int n = static_cast<int>(std::min<int64_t>(kChunk, hi - j0));
+      for (int i = 0; i < n_src; ++i) {
+        const Operand& o = in.src[static_cast<size_t>(i)];
+        if (o.type == Operand::kConst) continue;
+        const int64_t off = o.offset + o.stride[0] * row + o.stride[1] * j0;
+        if (o.type == Operand::kIota) {
+          for (int j = 0; j < (R.scalar[i] ? 1 : n); ++j)
+            R.r[i][j] = static_cast<float>(off + o.stride[1] * j);
+        } else if (R.in_place[i]) {
+          R.p[i] = reinterpret_cast<const float*>(slots[o.slot]) + off;
+        } else {
+          load_lanes(o.dtype, slots[o.slot], off, o.stride[1], R.scalar[i] ? 1 : n, R.r[i]);
+        }
+      }
+      float* to = direct ? reinterpret_cast<float*>(slots[d.slot]) + dst_row + j0 : nullptr;
+      for (int i = 0; direct && i < n_src; ++i) {  // a partial overlap goes through a register
+        if (!R.in_place[i]) continue;
+        const auto q = reinterpret_cast<uintptr_t>(R.p[i]);
+        const auto t = reinterpret_cast<uintptr_t>(to);
+        const uintptr_t bytes = sizeof(float) * static_cast<uintptr_t>(n);
+        if (q != t && q < t + bytes && t < q + bytes) to = nullptr;
+      }
+      for (int s = 0; s < n_steps; ++s) {
+        const int reg = n_src + s;
+        float* out = s == n_steps - 1 && to != nullptr ? to : R.r[reg];
+        step_lanes(in.steps[static_cast<size_t>(s)], n, out, &R, seed);
+        R.p[reg] = out;
+      }
+      if (reduce) {
+        acc = combine(in.reduce_op, acc, reduce_lanes(in.reduce_op, lanes_of(&R, res, n), n));
+        lanes += n;
+      } else if (to == nullptr) {
+        store_chunk_body(in, slots, dst_row + d.stride[1] * j0, d.stride[1], n,
+                         lanes_of(&R, res, n), old);
+      }
+    }
+    if (reduce && lanes > 0) {  // every lane masked: the output is not written
+      const float result = acc * in.post_scale;
+      store_chunk_body(in, slots, dst_row, 0, 1, &result, old);
+    }
+  }
+}
+
+OPENNEURON_ISA_DISPATCH(void, run_rows2,
+                        (const Instr& in, char* const* slots, uint64_t seed, int64_t p0, int64_t p1,
+                         int64_t lane0, int64_t lane1),
+                        (in, slots, seed, p0, p1, lane0, lane1))
+
+// Rows [p0, p1) of a two-axis instruction; a [P, 1] column instruction (Instr::transposed) as
+// one row of P lanes, clipped to [p0, p1).
+void run_two_axes(const Instr& in, char* const* slots, uint64_t seed, int64_t p0, int64_t p1) {
+  if (!in.transposed.empty())
+    run_rows2(in.transposed[0], slots, seed, 0, 1, p0, p1);
+  else
+    run_rows2(in, slots, seed, p0, p1, 0, INT64_MAX);
+}
+
 }  // namespace
 
 void run_elementwise_rows(const Instr& in, char* const* slots, uint64_t seed, int64_t p0,
@@ -463,6 +630,10 @@ void run_elementwise_rows(const Instr& in, char* const* slots, uint64_t seed, in
   if (p0 >= p1) return;
   for (int d = 1; d < in.ndim; ++d)
     if (in.extent[d] == 0) return;
+  if (in.ndim == 2) {
+    run_two_axes(in, slots, seed, p0, p1);
+    return;
+  }
   const bool reduce = in.nreduce > 0;
   const int n_outer = reduce ? in.ndim - in.nreduce : in.ndim - 1;
   int64_t inner = 1;  // outer indices per row of axis 0
@@ -484,7 +655,9 @@ void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_
   int64_t per_outer = 1;  // lanes behind each outer index
   for (int d = n_outer; d < in.ndim; ++d) per_outer *= in.extent[d];
   auto body = [&](int64_t b, int64_t e) {
-    if (reduce)
+    if (in.ndim == 2)
+      run_two_axes(in, slots, seed, b, e);
+    else if (reduce)
       run_reduce(in, slots, seed, b, e);
     else
       run_rows(in, slots, seed, b, e);

@@ -1,10 +1,11 @@
 // The Tensor Engine instruction of a traced NKI program: dst[M, N] (+)= stationary[K, M]^T @
 // moving[K, N] in float32 (PSUM), K, M <= 128 and N <= 512 (checked when traced and parsed).
-// Float32 operands are read in place, others gathered into padded float32 panels; a
+// Operands are packed into contiguous float32 panels (converted and padded where needed); a
 // register-blocked kernel compiled per SIMD variant multiplies them (column blocks split over
 // threads for a large tile) and the result is written (or accumulated) through the
-// destination's strides.
+// destination's strides, and added into the accumulator of an absorbed `acc += result`.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -19,33 +20,45 @@ using kernels::VecF;
 constexpr int kRowBlock = 4;   // rows of C per block
 constexpr int kColBlock = 64;  // columns of C per block (4 vectors)
 
-// Columns [n_begin, n_end) of c[Mp x ldc] = aT[K x Mp]^T @ b[K x N] (aT row k at k * lda, b row
-// k at k * ldb); Mp % 4 == 0, the column bounds multiples of 64. Column blocks outermost: one
-// 64-column slice of b (K x 64 floats, 32 KiB at K = 128) stays in L1 while every row block
-// passes over it.
-OPENNEURON_ISA_BODY void gemm_body(const float* aT, int64_t lda, const float* b, int64_t ldb,
-                                   float* c, int64_t ldc, int64_t Mp, int64_t K, int64_t n_begin,
-                                   int64_t n_end) {
-  for (int64_t n0 = n_begin; n0 < n_end; n0 += kColBlock) {
-    for (int64_t m0 = 0; m0 < Mp; m0 += kRowBlock) {
-      VecF acc[kRowBlock][4] = {};
-      for (int64_t k = 0; k < K; ++k) {
-        VecF bv[4];
-        for (int v = 0; v < 4; ++v) kernels::loadv(&bv[v], b + k * ldb + n0 + 16 * v);
-        for (int i = 0; i < kRowBlock; ++i) {
-          const float s = aT[k * lda + m0 + i];
-          for (int v = 0; v < 4; ++v) acc[i][v] += s * bv[v];
-        }
+// Columns [n0, n0 + 64) of c[Mp x ldc] = A^T @ B over K, from packed panels: ap holds aT
+// (K x Mp) as Mp / 4 micro-panels of K x 4 floats, bp the 64 columns as K x 64 floats (32 KiB
+// at K = 128, kept in L1 while every row block passes over it). Packed because tile rows lie a
+// partition pitch apart (several KiB, a multiple of 4 KiB): read in place, the K rows of a
+// column slice fall into the same few L1 sets and are fetched from L2 again for every row
+// block.
+OPENNEURON_ISA_BODY void gemm_body(const float* ap, const float* bp, float* c, int64_t ldc,
+                                   int64_t Mp, int64_t K, int64_t n0) {
+  for (int64_t m0 = 0; m0 < Mp; m0 += kRowBlock) {
+    const float* a = ap + m0 * K;
+    VecF acc[kRowBlock][4] = {};
+    for (int64_t k = 0; k < K; ++k) {
+      VecF bv[4];
+      for (int v = 0; v < 4; ++v) kernels::loadv(&bv[v], bp + k * kColBlock + 16 * v);
+      for (int i = 0; i < kRowBlock; ++i) {
+        const float s = a[k * kRowBlock + i];
+        for (int v = 0; v < 4; ++v) acc[i][v] += s * bv[v];
       }
-      for (int i = 0; i < kRowBlock; ++i)
-        std::memcpy(c + (m0 + i) * ldc + n0, acc[i], sizeof acc[i]);
     }
+    for (int i = 0; i < kRowBlock; ++i) std::memcpy(c + (m0 + i) * ldc + n0, acc[i], sizeof acc[i]);
   }
 }
 OPENNEURON_ISA_DISPATCH(void, gemm,
-                        (const float* aT, int64_t lda, const float* b, int64_t ldb, float* c,
-                         int64_t ldc, int64_t Mp, int64_t K, int64_t n_begin, int64_t n_end),
-                        (aT, lda, b, ldb, c, ldc, Mp, K, n_begin, n_end))
+                        (const float* ap, const float* bp, float* c, int64_t ldc, int64_t Mp,
+                         int64_t K, int64_t n0),
+                        (ap, bp, c, ldc, Mp, K, n0))
+
+// aT (K x Mp, row k at k * lda) into micro-panels of kRowBlock columns (see gemm_body).
+void pack_a(const float* aT, int64_t lda, int64_t Mp, int64_t K, float* out) {
+  for (int64_t m0 = 0; m0 < Mp; m0 += kRowBlock)
+    for (int64_t k = 0; k < K; ++k)
+      std::memcpy(out + m0 * K + k * kRowBlock, aT + k * lda + m0, sizeof(float) * kRowBlock);
+}
+
+// Columns [n0, n0 + 64) of b (row k at k * ldb) as K x 64 floats.
+void pack_b(const float* b, int64_t ldb, int64_t K, int64_t n0, float* out) {
+  for (int64_t k = 0; k < K; ++k)
+    std::memcpy(out + k * kColBlock, b + k * ldb + n0, sizeof(float) * kColBlock);
+}
 
 float load_one(DType dt, const char* base, int64_t i) {
   switch (dt) {
@@ -116,6 +129,15 @@ void store_cols(const Instr& in, char* const* slots, const float* c, int64_t Np,
   const int64_t M = in.extent[0];
   const Operand& d = in.dst;
   char* base = slots[d.slot];
+  if (in.absorbs_next) {  // acc[m, n] = acc[m, n] + result[m, n], as the absorbed add
+    const Operand& a = in.acc_dst;
+    for (int64_t m = 0; m < M; ++m) {
+      float* acc = reinterpret_cast<float*>(slots[a.slot]) + a.offset + m * a.stride[0];
+      const float* row = c + m * Np;
+      for (int64_t n = n_begin; n < n_end; ++n) acc[n] = acc[n] + row[n];
+    }
+  }
+  if (in.dst_dead) return;
   for (int64_t m = 0; m < M; ++m) {
     const float* row = c + m * Np;
     const int64_t off = d.offset + m * d.stride[0];
@@ -149,14 +171,18 @@ void store_cols(const Instr& in, char* const* slots, const float* c, int64_t Np,
   }
 }
 
+std::atomic<GemmBackend> g_gemm_backend{nullptr};
+
 }  // namespace
+
+void set_gemm_backend(GemmBackend gemm) { g_gemm_backend.store(gemm); }
 
 void run_matmul(const Instr& in, char* const* slots, bool parallel) {
   const int64_t M = in.extent[0], N = in.extent[1], K = in.extent[2];
   if (M == 0 || N == 0) return;
   const int64_t Mp = (M + kRowBlock - 1) / kRowBlock * kRowBlock;
   const int64_t Np = (N + kColBlock - 1) / kColBlock * kColBlock;
-  thread_local std::vector<float> a, b, c;
+  thread_local std::vector<float> a, b, c, packed_a;
   const Operand& st = in.src[0];  // stationary [K, M]: strides (m, -, k)
   const Operand& mv = in.src[1];  // moving [K, N]: strides (-, n, k)
   // A float32 operand with unit stride along its free axis and no padding needed is read in
@@ -183,16 +209,33 @@ void run_matmul(const Instr& in, char* const* slots, bool parallel) {
   }
   c.resize(static_cast<size_t>(Mp * Np));
   float* pc = c.data();
-  // Column blocks split over threads: each computes and stores its own columns of the result
-  // (every element the same sum in the same order on any split).
-  auto cols = [&](int64_t blk0, int64_t blk1) {
-    gemm(pa, lda, pb, ldb, pc, Np, Mp, K, blk0 * kColBlock, blk1 * kColBlock);
-    store_cols(in, slots, pc, Np, blk0 * kColBlock, std::min(N, blk1 * kColBlock));
-  };
   // NOTE: a parallel region costs microseconds; a full 128 x 512 x 128 tile is ~8 M FMAs.
   constexpr int64_t kParallelFmas = int64_t{1} << 20;
   const int64_t n_blocks = Np / kColBlock;
-  if (parallel && n_blocks > 1 && M * N * K >= kParallelFmas)
+  const bool large = parallel && n_blocks > 1 && M * N * K >= kParallelFmas;
+  const GemmBackend host_gemm = g_gemm_backend.load(std::memory_order_relaxed);
+  if (host_gemm != nullptr && large) {
+    host_gemm(M, N, K, pa, lda, pb, ldb, pc, Np);
+    runtime::parallel_for(0, n_blocks, 1, [&](int64_t blk0, int64_t blk1) {
+      store_cols(in, slots, pc, Np, blk0 * kColBlock, std::min(N, blk1 * kColBlock));
+    });
+    return;
+  }
+  packed_a.resize(static_cast<size_t>(Mp * K));
+  pack_a(pa, lda, Mp, K, packed_a.data());
+  const float* ap = packed_a.data();
+  // Column blocks split over threads: each packs, computes and stores its own columns of the
+  // result (every element the same sum in the same order on any split).
+  auto cols = [&](int64_t blk0, int64_t blk1) {
+    thread_local std::vector<float> bp;
+    bp.resize(static_cast<size_t>(K * kColBlock));
+    for (int64_t blk = blk0; blk < blk1; ++blk) {
+      pack_b(pb, ldb, K, blk * kColBlock, bp.data());
+      gemm(ap, bp.data(), pc, Np, Mp, K, blk * kColBlock);
+    }
+    store_cols(in, slots, pc, Np, blk0 * kColBlock, std::min(N, blk1 * kColBlock));
+  };
+  if (large)
     runtime::parallel_for(0, n_blocks, 1, cols);
   else
     cols(0, n_blocks);

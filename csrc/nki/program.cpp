@@ -205,14 +205,8 @@ Instr read_instr(Reader& r, const Program& p) {
 
 // --- the schedule: instructions grouped for row-block execution ------------------------------
 
-// The bytes one view operand touches: [lo, hi) over the whole iteration box, and [row_lo, row_hi)
-// at row 0 of axis 0, each later row row_stride further, over `rows` rows.
-struct Footprint {
-  int32_t slot = 0;
-  int64_t lo = 0, hi = 0, row_lo = 0, row_hi = 0, row_stride = 0, rows = 1;
-};
+}  // namespace
 
-// Only for views that passed check_view (all within their slot) of a non-empty box.
 Footprint footprint(const Operand& o, const Instr& in) {
   const int64_t size = static_cast<int64_t>(dtype_size(o.dtype));
   int64_t rel_lo = 0, rel_hi = 0;
@@ -231,6 +225,8 @@ Footprint footprint(const Operand& o, const Instr& in) {
   f.hi = f.row_hi + std::max<int64_t>(0, reach0);
   return f;
 }
+
+namespace {
 
 // True when no element that a touches in row p is touched by b in a row q != p: the two do not
 // overlap at all, or both touch row 0 only, or they step through memory row by row alike (a
@@ -252,6 +248,22 @@ bool rows_independent(const Footprint& a, const Footprint& b) {
   const bool b_repeats = b.rows > 1 && b.row_stride == 0;
   if (a_repeats || b_repeats) return a.row_hi <= b.row_lo || b.row_hi <= a.row_lo;
   return true;
+}
+
+// See Instr::transposed.
+void transpose_column(Instr& in) {
+  if (in.kind != Kind::kElementwise || in.ndim != 2 || in.nreduce != 0 || in.extent[1] != 1 ||
+      in.extent[0] < 2)
+    return;
+  const Footprint w = footprint(in.dst, in);
+  for (const Operand& o : in.src)
+    if (o.type == Operand::kView && !rows_independent(w, footprint(o, in))) return;
+  Instr t = in;
+  std::swap(t.extent[0], t.extent[1]);
+  std::swap(t.dst.stride[0], t.dst.stride[1]);
+  for (Operand& o : t.src) std::swap(o.stride[0], o.stride[1]);
+  for (Pred& pr : t.preds) std::swap(pr.coef[0], pr.coef[1]);
+  in.transposed.push_back(std::move(t));
 }
 
 int64_t saturating_mul(int64_t a, int64_t b) {
@@ -292,6 +304,7 @@ std::vector<Group> schedule(const std::vector<Instr>& instrs) {
   for (size_t i = 0; i < instrs.size(); ++i) {
     const Instr& in = instrs[i];
     const int32_t at = static_cast<int32_t>(i);
+    if (in.absorbed || in.dropped) continue;  // absorbed: run by the matmul before it
     in_reads.clear();
     Footprint w;
     bool ok = row_blockable(in);
@@ -390,8 +403,10 @@ void run_group(const std::vector<Instr>& instrs, const Group& g, char* const* sl
     for (int64_t blk = b; blk < e; ++blk) {
       const int64_t p0 = blk * g.block_rows;
       const int64_t p1 = std::min(g.rows, p0 + g.block_rows);
-      for (int32_t i = g.begin; i < g.end; ++i)
-        run_elementwise_rows(instrs[static_cast<size_t>(i)], slots, seed, p0, p1);
+      for (int32_t i = g.begin; i < g.end; ++i) {
+        const Instr& in = instrs[static_cast<size_t>(i)];
+        if (!in.dropped) run_elementwise_rows(in, slots, seed, p0, p1);
+      }
     }
   };
   // NOTE: a parallel region costs a few microseconds: worth it from ~32 K lanes of work.
@@ -409,11 +424,11 @@ void run_instance(const Program& p, size_t instance, void* const* slots, bool pa
   char* local[64];
   for (size_t i = 0; i < n_slots; ++i) local[i] = static_cast<char*>(slots[i]);
   if (local[n_slots - 1] == nullptr) local[n_slots - 1] = thread_arena(p.slot_bytes.back());
-  const std::vector<Instr>& instrs = p.instances[instance];
   if (in_order) {
-    for (const Instr& in : instrs) run_one(in, local, parallel, seed);
+    for (const Instr& in : p.instances[instance]) run_one(in, local, parallel, seed);
     return;
   }
+  const std::vector<Instr>& instrs = p.rewritten[instance];
   for (const Group& g : p.schedules[instance]) run_group(instrs, g, local, parallel, seed);
 }
 
@@ -435,9 +450,13 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
     std::vector<Instr> instrs;
     instrs.reserve(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) instrs.push_back(read_instr(r, *p));
+    std::vector<Instr> rewritten = instrs;
+    rewrite_instance(rewritten, static_cast<int32_t>(n_slots - 1));
+    for (Instr& in : rewritten) transpose_column(in);
     p->n_instrs += n;
-    p->schedules.push_back(schedule(instrs));
+    p->schedules.push_back(schedule(rewritten));
     p->instances.push_back(std::move(instrs));
+    p->rewritten.push_back(std::move(rewritten));
   }
   if (!r.done()) r.fail("trailing words");
   return p.release();

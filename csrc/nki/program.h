@@ -108,6 +108,20 @@ struct Instr {
   std::vector<Step> steps;
   std::vector<Pred> preds;
   int32_t line = -1;  // index into Program::lines
+  // Set by rewrite_instance. kMatmul: the instruction after it, an elementwise `acc += dst`
+  // (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`), and its own
+  // destination is not written when no instruction reads it before it is overwritten
+  // (`dst_dead`). absorbed: run in the matmul before it. dropped: a load or store whose
+  // readers or producer now use its other end; not run.
+  bool absorbs_next = false;
+  bool dst_dead = false;
+  bool absorbed = false;
+  bool dropped = false;
+  Operand acc_dst;  // kMatmul with absorbs_next: the accumulator (float32, unit free stride)
+  // Set by program_parse for a [P, 1] elementwise instruction whose rows touch no memory
+  // another of its rows touches: the same instruction as one row of P lanes (axes swapped), so
+  // that a column costs one row's set-up, not P. Same lanes, same operations.
+  std::vector<Instr> transposed;
 };
 
 // A run of consecutive elementwise instructions [begin, end) of one instance that the executor
@@ -131,7 +145,8 @@ struct Program {
   std::vector<std::string> lines;             // "file:line" of each recorded call, for errors
   std::vector<int64_t> slot_bytes;            // size of every slot; the last one is the arena
   std::vector<std::vector<Instr>> instances;  // one instruction list per grid instance
-  std::vector<std::vector<Group>> schedules;  // per instance: its instructions in groups
+  std::vector<std::vector<Instr>> rewritten;  // the same after rewrite_instance
+  std::vector<std::vector<Group>> schedules;  // per instance: `rewritten` in groups
   int64_t n_instrs = 0;
   mutable std::atomic<uint64_t> launches{0};  // dropout's seed: a different mask per run
 };
@@ -147,8 +162,36 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
 // of the same program. Throws std::runtime_error naming the kernel line on failure.
 void program_run(const Program& p, void* const* slots);
 
-// Internals shared by execute.cpp and matmul.cpp. `parallel`: the instruction may split over
-// threads (false inside grid instances, which already run in parallel).
+// (optional) The host's float32 GEMM for tile matmuls: row-major c[M x N] (row stride ldc) =
+// a^T b with a [K x M] (row stride lda) and b [K x N] (row stride ldb), rows unit-stride.
+// Must not throw; may use the intra-op threads. The extension installs ATen's CPU BLAS at
+// import; without one (torch-free builds, gtests) the built-in register-blocked kernel runs.
+// Its summation order is the BLAS's, not the built-in kernel's (float32 either way). Set once
+// at start-up, before work runs.
+using GemmBackend = void (*)(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda,
+                             const float* b, int64_t ldb, float* c, int64_t ldc);
+void set_gemm_backend(GemmBackend gemm);
+
+// Internals shared by program.cpp, rewrite.cpp, execute.cpp and matmul.cpp.
+
+// The bytes one view operand touches: [lo, hi) over the whole iteration box, and [row_lo, row_hi)
+// at row 0 of axis 0, each later row row_stride further, over `rows` rows.
+struct Footprint {
+  int32_t slot = 0;
+  int64_t lo = 0, hi = 0, row_lo = 0, row_hi = 0, row_stride = 0, rows = 1;
+};
+// Only for views that passed the parser's bounds check, of a non-empty box.
+Footprint footprint(const Operand& o, const Instr& in);
+
+// Parse-time rewrites of one instance's instructions (rewrite.cpp), before scheduling: loads
+// whose tile is only read as loaded are forwarded to their readers, stores to their producer,
+// and a matmul absorbs the `acc += result` after it. `arena`: the arena's slot. Results are
+// bitwise those of the instructions as written; a run over aliasing arguments uses
+// Program::instances (as traced) instead.
+void rewrite_instance(std::vector<Instr>& instrs, int32_t arena);
+
+// `parallel`: the instruction may split over threads (false inside grid instances, which
+// already run in parallel).
 void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_t seed);
 // Rows [p0, p1) of axis 0 (clipped to the instruction's extent) of an instruction with at least
 // two axes and at least one unreduced axis, on the calling thread.

@@ -5,6 +5,7 @@
 // cross-row dependency or aliasing arguments keep the written order.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -262,6 +263,275 @@ TEST(Nki, ColumnInstructionJoinsTheGroup) {
   void* slots[] = {a.data(), col.data(), arena.data()};
   program_run(*p, slots);
   for (int64_t r = 0; r < 4; ++r) ASSERT_EQ(col[r], a[r * F + 3] + 1.0f) << r;
+}
+
+// Two-axis instructions take run_rows2: a row's scalar operands (a [P, 1] column read along the
+// free axis, a constant) as one value, a select (three operands) with a scalar among them,
+// rows longer than a chunk under a mask, and a destination that overlaps an operand read in
+// place by one lane, which must go through a register (every lane reads the old row).
+TEST(Nki, TwoAxisRowsWithScalarsAndOverlap) {
+  constexpr int64_t F = 300;  // more than one chunk
+  constexpr int kSel = static_cast<int>(Op::k_select);
+  constexpr int kGt = static_cast<int>(Op::k_greater);
+  Encoder e({4 * F * 4, 4 * 4, 4 * F * 4, 4 * 200 * 4, 64});  // a, col, out, x, arena
+  e.w.insert(e.w.end(), {1, 2});
+  // out = select(a > col, a * col + 0.5, col), lanes f <= 290 - p
+  e.header(0, {4, F});
+  rows_view(e, 2, 0, F);
+  e.w.push_back(3);
+  rows_view(e, 0, 0, F);
+  e.operand(0, 1, 0, {1, 0});  // col[p], every lane
+  e.operand(1, 0, 0, {0, 0}, 0.5);
+  e.w.push_back(4);
+  e.w.insert(e.w.end(), {kMul, 0, 1, 0});  // r3 = a * col
+  e.w.insert(e.w.end(), {kAdd, 3, 2, 0});  // r4 = r3 + 0.5
+  e.w.insert(e.w.end(), {kGt, 0, 1, 0});   // r5 = a > col
+  e.w.insert(e.w.end(), {kSel, 5, 4, 1});  // r6 = r5 ? r4 : col
+  e.w.insert(e.w.end(), {1, 290, -1, -1});
+  // x[p, 1:200] = x[p, 0:199] * 2: the destination one lane after the operand
+  e.header(0, {4, 199});
+  e.operand(0, 3, 1, {200, 1});
+  e.w.push_back(2);
+  e.operand(0, 3, 0, {200, 1});
+  e.operand(1, 0, 0, {0, 0}, 2.0);
+  e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+  auto p = e.parse();
+  std::vector<float> a(4 * F), col = {0.0f, 1.0f, -2.0f, 3.5f}, out(4 * F, -7.0f), x(800);
+  for (int64_t i = 0; i < 4 * F; ++i) a[i] = 0.125f * static_cast<float>(i % 53) - 2.0f;
+  for (int i = 0; i < 800; ++i) x[i] = static_cast<float>(i);
+  const std::vector<float> x0 = x;
+  void* slots[] = {a.data(), col.data(), out.data(), x.data(), nullptr};
+  program_run(*p, slots);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t c = 0; c < F; ++c) {
+      const float v = a[r * F + c], s = col[r];
+      const float want = r + c <= 290 ? (v > s ? v * s + 0.5f : s) : -7.0f;
+      ASSERT_EQ(out[r * F + c], want) << r << "," << c;
+    }
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(x[r * 200], x0[r * 200]);
+    for (int c = 1; c < 200; ++c) ASSERT_EQ(x[r * 200 + c], 2.0f * x0[r * 200 + c - 1]) << r << c;
+  }
+}
+
+// `acc += nl.matmul(...)`: a matmul into a PSUM tile, then an accumulating copy of that tile.
+// The add runs in the matmul's store; the tile itself is still written when a later
+// instruction reads it (read_back), and only then.
+TEST(Nki, MatmulAbsorbsTheAccumulateAfterIt) {
+  const int K = 3, M = 4, N = 5;
+  for (bool read_back : {false, true}) {
+    // slots: stationary, moving, acc (HBM), copy of the tile (HBM), arena (the tile)
+    Encoder e({K * M * 4, K * N * 4, M * N * 4, M * N * 4, M * N * 4});
+    e.w.insert(e.w.end(), {1, read_back ? 3 : 2});
+    e.header(1, {M, N, K});
+    e.operand(0, 4, 0, {N, 1, 0});
+    e.w.push_back(2);
+    e.operand(0, 0, 0, {1, 0, M});
+    e.operand(0, 1, 0, {0, 1, N});
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {M, N}, 0, kAdd, /*acc=*/true);  // acc += tile
+    e.operand(0, 2, 0, {N, 1});
+    e.w.push_back(1);
+    e.operand(0, 4, 0, {N, 1});
+    e.w.insert(e.w.end(), {0, 0});
+    if (read_back) {
+      e.header(0, {M, N});  // copy = tile
+      e.operand(0, 3, 0, {N, 1});
+      e.w.push_back(1);
+      e.operand(0, 4, 0, {N, 1});
+      e.w.insert(e.w.end(), {0, 0});
+    }
+    auto p = e.parse();
+    EXPECT_TRUE(p->rewritten[0][0].absorbs_next);
+    EXPECT_TRUE(p->rewritten[0][1].absorbed);
+    EXPECT_EQ(p->rewritten[0][0].dst_dead, !read_back);
+    std::vector<float> st(K * M), mv(K * N), acc(M * N), copy(M * N, -1.0f);
+    for (int i = 0; i < K * M; ++i) st[i] = static_cast<float>(i + 1);
+    for (int i = 0; i < K * N; ++i) mv[i] = static_cast<float>(i % 7) - 3.0f;
+    for (int i = 0; i < M * N; ++i) acc[i] = 0.5f * static_cast<float>(i);
+    const std::vector<float> acc0 = acc;
+    void* slots[] = {st.data(), mv.data(), acc.data(), copy.data(), nullptr};
+    program_run(*p, slots);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        float ref = 0;
+        for (int k = 0; k < K; ++k) ref += st[k * M + m] * mv[k * N + n];
+        EXPECT_EQ(acc[m * N + n], acc0[m * N + n] + ref);
+        EXPECT_EQ(copy[m * N + n], read_back ? ref : -1.0f);
+      }
+  }
+}
+
+// Loads and stores forwarded at parse time: `a = load x; b = NaN; b = a * 2; store out <- b`
+// runs as `out = x * 2` (the load and the store dropped; b's NaN fill stays; the dropped store
+// lies inside the row-block group, which `out2 = 1` extends past it). Not forwarded: a store
+// whose tile is read afterwards (variant 1: out2 = b), a load whose HBM source is written
+// before its tile is read (variant 2: x = 7 instead of the NaN fill).
+TEST(Nki, LoadsAndStoresForwardedWhereTheTileIsOnlyCopied) {
+  constexpr int64_t F = 8, kPitch = 16;  // tiles a (columns 0-7) and b (8-15) of 4 partitions
+  for (int variant : {0, 1, 2}) {
+    Encoder e({4 * F * 4, 4 * F * 4, 4 * F * 4, 4 * kPitch * 4});  // x, out, out2, arena
+    e.w.insert(e.w.end(), {1, 5});
+    e.header(0, {4, F});  // a = load x
+    e.operand(0, 3, 0, {kPitch, 1});
+    e.w.push_back(1);
+    rows_view(e, 0, 0, F);
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {4, F});  // b = NaN (variant 2: x = 7)
+    if (variant == 2)
+      rows_view(e, 0, 0, F);
+    else
+      e.operand(0, 3, F, {kPitch, 1});
+    e.w.push_back(1);
+    e.operand(1, 0, 0, {0, 0}, variant == 2 ? 7.0 : NAN);
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {4, F});  // b = a * 2
+    e.operand(0, 3, F, {kPitch, 1});
+    e.w.push_back(2);
+    e.operand(0, 3, 0, {kPitch, 1});
+    e.operand(1, 0, 0, {0, 0}, 2.0);
+    e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+    e.header(0, {4, F});  // out = store b
+    rows_view(e, 1, 0, F);
+    e.w.push_back(1);
+    e.operand(0, 3, F, {kPitch, 1});
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {4, F});  // out2 = 1, or out2 = store b
+    rows_view(e, 2, 0, F);
+    e.w.push_back(1);
+    if (variant == 0)
+      e.operand(1, 0, 0, {0, 0}, 1.0);
+    else
+      e.operand(0, 3, F, {kPitch, 1});
+    e.w.insert(e.w.end(), {0, 0});
+    auto p = e.parse();
+    const std::vector<Instr>& run = p->rewritten[0];
+    EXPECT_EQ(run[0].dropped, variant != 2) << variant;
+    EXPECT_EQ(run[3].dropped, variant == 0) << variant;
+    EXPECT_EQ(run[2].src[0].slot, variant == 2 ? 3 : 0) << variant;
+    std::vector<float> x(4 * F), out(4 * F), out2(4 * F);
+    for (int64_t i = 0; i < 4 * F; ++i) x[i] = static_cast<float>(i) - 5.0f;
+    const std::vector<float> x0 = x;
+    void* slots[] = {x.data(), out.data(), out2.data(), nullptr};
+    program_run(*p, slots);
+    for (int64_t i = 0; i < 4 * F; ++i) {
+      ASSERT_EQ(out[i], 2.0f * x0[i]) << variant << " " << i;
+      ASSERT_EQ(out2[i], variant == 0 ? 1.0f : 2.0f * x0[i]) << variant << " " << i;
+      ASSERT_EQ(x[i], variant == 2 ? 7.0f : x0[i]);
+    }
+  }
+}
+
+// The accumulator and the matmul's result in the same partitions, different columns (tiles
+// partition-major: their byte ranges interleave without sharing a byte): still absorbed.
+TEST(Nki, MatmulAbsorbsAnAccumulatorInterleavedWithItsResult) {
+  const int K = 3, M = 4, N = 5, kPitch = 2 * N;  // acc in columns 0-4, the result in 5-9
+  Encoder e({K * M * 4, K * N * 4, M * kPitch * 4, 64});
+  e.w.insert(e.w.end(), {1, 2});
+  e.header(1, {M, N, K});
+  e.operand(0, 2, N, {kPitch, 1, 0});
+  e.w.push_back(2);
+  e.operand(0, 0, 0, {1, 0, M});
+  e.operand(0, 1, 0, {0, 1, N});
+  e.w.insert(e.w.end(), {0, 0});
+  e.header(0, {M, N}, 0, kAdd, /*acc=*/true);
+  e.operand(0, 2, 0, {kPitch, 1});
+  e.w.push_back(1);
+  e.operand(0, 2, N, {kPitch, 1});
+  e.w.insert(e.w.end(), {0, 0});
+  auto p = e.parse();
+  EXPECT_TRUE(p->rewritten[0][0].absorbs_next);
+  EXPECT_FALSE(p->rewritten[0][0].dst_dead);  // an argument, not scratch
+  std::vector<float> st(K * M), mv(K * N), both(M * kPitch);
+  for (int i = 0; i < K * M; ++i) st[i] = static_cast<float>(i + 1);
+  for (int i = 0; i < K * N; ++i) mv[i] = static_cast<float>(i % 7) - 3.0f;
+  for (int i = 0; i < M * kPitch; ++i) both[i] = 0.5f * static_cast<float>(i);
+  const std::vector<float> both0 = both;
+  void* slots[] = {st.data(), mv.data(), both.data(), nullptr};
+  program_run(*p, slots);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      float ref = 0;
+      for (int k = 0; k < K; ++k) ref += st[k * M + m] * mv[k * N + n];
+      EXPECT_EQ(both[m * kPitch + N + n], ref);
+      EXPECT_EQ(both[m * kPitch + n], both0[m * kPitch + n] + ref);
+    }
+}
+
+// A load's tile region reused by a smaller tile (a [P, 1] column written, then read) while the
+// loaded tile is still read: the load is forwarded (the column read sees the column's values);
+// not when a read of the loaded view follows the column write (variant 1: it must see both).
+TEST(Nki, LoadForwardedPastASmallerTileInItsColumns) {
+  constexpr int64_t F = 8, kPitch = 8;
+  for (int variant : {0, 1}) {
+    Encoder e({4 * F * 4, 4 * F * 4, 4 * 4, 4 * kPitch * 4});  // x, out, col, arena
+    e.w.insert(e.w.end(), {1, 4});
+    e.header(0, {4, F});  // a = load x
+    e.operand(0, 3, 0, {kPitch, 1});
+    e.w.push_back(1);
+    rows_view(e, 0, 0, F);
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {4, 1});  // c = 3 (column 0 of a's partitions)
+    e.operand(0, 3, 0, {kPitch, 0});
+    e.w.push_back(1);
+    e.operand(1, 0, 0, {0, 0}, 3.0);
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {4, 1});  // col = c * 2
+    e.operand(0, 2, 0, {1, 0});
+    e.w.push_back(2);
+    e.operand(0, 3, 0, {kPitch, 0});
+    e.operand(1, 0, 0, {0, 0}, 2.0);
+    e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+    e.header(0, {4, F});  // out = a + 1 (variant 0: out = x + 1)
+    rows_view(e, 1, 0, F);
+    e.w.push_back(2);
+    if (variant == 0)
+      rows_view(e, 0, 0, F);
+    else
+      e.operand(0, 3, 0, {kPitch, 1});
+    e.operand(1, 0, 0, {0, 0}, 1.0);
+    e.w.insert(e.w.end(), {1, kAdd, 0, 1, 0, 0});
+    auto p = e.parse();
+    EXPECT_EQ(p->rewritten[0][0].dropped, variant == 0) << variant;
+    std::vector<float> x(4 * F), out(4 * F), col(4);
+    for (int64_t i = 0; i < 4 * F; ++i) x[i] = static_cast<float>(i);
+    void* slots[] = {x.data(), out.data(), col.data(), nullptr};
+    program_run(*p, slots);
+    for (int64_t r = 0; r < 4; ++r) {
+      EXPECT_EQ(col[r], 6.0f);
+      for (int64_t c = 0; c < F; ++c)
+        EXPECT_EQ(out[r * F + c], (variant == 1 && c == 0 ? 3.0f : x[r * F + c]) + 1.0f);
+    }
+  }
+}
+
+// A [P, 1] column instruction runs as one row of P lanes (Instr::transposed), masked by rows;
+// one that reads another row of what it writes does not.
+TEST(Nki, ColumnInstructionRunsTransposed) {
+  Encoder e({6 * 4, 6 * 4, 6 * 4, 64});  // in, out, chain, arena
+  e.w.insert(e.w.end(), {1, 2});
+  e.header(0, {6, 1});  // out[p] = in[p] * 2 + 0.5 for p <= 4
+  e.operand(0, 1, 0, {1, 0});
+  e.w.push_back(3);
+  e.operand(0, 0, 0, {1, 0});
+  e.operand(1, 0, 0, {0, 0}, 2.0);
+  e.operand(1, 0, 0, {0, 0}, 0.5);
+  e.w.insert(e.w.end(), {2, kMul, 0, 1, 0, kAdd, 3, 2, 0});
+  e.w.insert(e.w.end(), {1, 4, -1, 0});  // 4 - p >= 0
+  e.header(0, {5, 1});                   // chain[p] = chain[p + 1] * 2: rows depend on each other
+  e.operand(0, 2, 0, {1, 0});
+  e.w.push_back(2);
+  e.operand(0, 2, 1, {1, 0});
+  e.operand(1, 0, 0, {0, 0}, 2.0);
+  e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+  auto p = e.parse();
+  EXPECT_EQ(p->rewritten[0][0].transposed.size(), 1u);
+  EXPECT_TRUE(p->rewritten[0][1].transposed.empty());
+  std::vector<float> in = {1, 2, 3, 4, 5, 6}, out(6, -1.0f), chain = {1, 2, 3, 4, 5, 6};
+  void* slots[] = {in.data(), out.data(), chain.data(), nullptr};
+  program_run(*p, slots);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], i <= 4 ? in[i] * 2.0f + 0.5f : -1.0f) << i;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(chain[i], 2.0f * static_cast<float>(i + 2)) << i;
 }
 
 }  // namespace
