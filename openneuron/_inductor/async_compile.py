@@ -163,13 +163,28 @@ def _abandon_pending() -> None:
         pool.running = False
         with contextlib.suppress(Exception):  # best effort at exit
             pool.running_waitcounter.__exit__()
-    # NOTE: with its own workers (a process pool of Inductor's): orphans otherwise
-    for pid in _descendants(pool.process.pid) + [pool.process.pid]:
-        try:
+    # NOTE: with its own workers (a process pool of Inductor's): orphans otherwise. Not its
+    # multiprocessing resource tracker: once the others are gone it unlinks the semaphores
+    # they left in /dev/shm, then exits; waited for here, so none outlives this process.
+    trackers, others = [], []
+    for pid in _descendants(pool.process.pid):
+        (trackers if "resource_tracker" in _cmdline(pid) else others).append(pid)
+    for pid in others + [pool.process.pid]:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
     pool.process.wait(10)
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") and "resource_tracker" in _cmdline(pid)
+              for pid in trackers) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _descendants(pid: int) -> list[int]:
