@@ -7,6 +7,7 @@
 
 #include "aten/bindings.h"
 #include "aten/omp_parallel.h"
+#include "runtime/config.h"
 #include "runtime/parallel.h"
 #include "runtime/software_core.h"
 
@@ -18,7 +19,7 @@ PYBIND11_MODULE(_C, m) {
   openneuron::runtime::executor_set_thread_init([] { at::init_num_threads(); });
   // NOTE: not at::parallel_for: compiled here (no -fopenmp) it never goes parallel.
   openneuron::runtime::set_parallel_backend(&aten::omp_parallel_for);
-  if (aten::omp_spin_bounded()) {
+  if (openneuron::runtime::config_or_defaults().omp_spin_bounded) {
     openneuron::runtime::set_parallel_release(&aten::omp_release_pool);
   }
   aten::bind_device(m);

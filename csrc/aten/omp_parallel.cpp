@@ -12,7 +12,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 extern "C" {
 void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
@@ -61,10 +60,6 @@ PauseAll find_pause_all() {
 }
 
 }  // namespace
-
-bool omp_spin_bounded() {
-  return std::getenv("GOMP_SPINCOUNT") != nullptr || std::getenv("OMP_WAIT_POLICY") != nullptr;
-}
 
 void omp_release_pool() {
   static const PauseAll pause_all = find_pause_all();

@@ -15,8 +15,6 @@ void omp_parallel_for(int64_t begin, int64_t end, int64_t grain, runtime::Parall
 // runtime::set_parallel_release's hook: frees the calling thread's OpenMP pool
 // (omp_pause_resource_all: libgomp's gomp_pause_host), outside a parallel region.
 void omp_release_pool();
-// Whether libgomp's spin is bounded (GOMP_SPINCOUNT or OMP_WAIT_POLICY set): only then is
-// omp_release_pool installed (parallel.h says why).
-bool omp_spin_bounded();
+// Installed only when libgomp's spin is bounded (Config::omp_spin_bounded; parallel.h says why).
 
 }  // namespace openneuron::aten

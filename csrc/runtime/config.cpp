@@ -194,6 +194,9 @@ const std::vector<Setting>& settings() {
        "folder of torch.compile's caches (TORCHINDUCTOR_CACHE_DIR)"},
       {"OPENNEURON_COMPILE_ASYNC",
        "1: a graph runs eagerly while Inductor compiles it in a background process"},
+      {"GOMP_SPINCOUNT",
+       "libgomp's; set (bounded spin): a thread waiting for the device frees its OpenMP pool"},
+      {"OMP_WAIT_POLICY", "libgomp's; set: as GOMP_SPINCOUNT"},
   };
   return kSettings;
 }
@@ -314,6 +317,7 @@ Config make_config(const EnvLookup& env, uint64_t host_ram) {
   c.compile_fallback = !flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", false);
   if (const auto v = env("TORCH_NEURONX_NEFF_CACHE_DIR")) c.compile_cache_dir = trim(*v);
   c.compile_async = flag("OPENNEURON_COMPILE_ASYNC", false);
+  c.omp_spin_bounded = env("GOMP_SPINCOUNT").has_value() || env("OMP_WAIT_POLICY").has_value();
   if (const auto v = env("LOCAL_RANK")) {
     const std::string r = trim(*v);
     if (r.empty() || r.size() > 6 ||

@@ -39,6 +39,9 @@ struct Config {
   // OPENNEURON_COMPILE_ASYNC=1: a graph runs eagerly while Inductor compiles it in a background
   // process (openneuron/_inductor/async_compile.py).
   bool compile_async = false;
+  // libgomp's GOMP_SPINCOUNT or OMP_WAIT_POLICY set (values are libgomp's to check): its spin is
+  // bounded, so a host thread about to wait for a stream may free its OpenMP pool (parallel.h).
+  bool omp_spin_bounded = false;
 };
 
 // One environment variable: its name and what it does (README lists the same).

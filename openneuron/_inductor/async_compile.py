@@ -54,7 +54,6 @@ class AsyncOutputCode:
     """What AOTAutograd calls for a graph compiling in the background: the graph itself until
     the compile process answers, then Inductor's compiled graph. Boxed calling convention."""
 
-    _boxed_call = True
     _fx_graph_cache_key: str | None = None
     _fx_graph_cache_debug_lines: list[str] | None = None
     _time_taken_ns: int | None = None
@@ -79,9 +78,7 @@ class AsyncOutputCode:
             _stats["eager_calls"] += 1
             return self._gm(*args)
         _stats["compiled_calls"] += 1
-        if getattr(self._compiled, "_boxed_call", False):
-            return self._compiled(args)
-        return self._compiled(*args)
+        return self._compiled(args)
 
     # OutputCode's interface, as _compile_fx_inner uses it
     def set_triton_bundle(self, triton_bundle: Any) -> None:
@@ -118,13 +115,17 @@ class AsyncOutputCode:
             self._post_compile_args = self._deferred_save = None
             return
         _stats["finished"] += 1
+        elapsed = time.perf_counter() - self._started
         compiled._fx_graph_cache_key = self._fx_graph_cache_key
         compiled._fx_graph_cache_debug_lines = self._fx_graph_cache_debug_lines
-        compiled._time_taken_ns = int((time.perf_counter() - self._started) * 1e9)
+        compiled._time_taken_ns = int(elapsed * 1e9)
         self._save(compiled)
         log.info("neuron: %s switched to Inductor's compiled code after %.1f s in the "
-                 "background", self._name, time.perf_counter() - self._started)
-        self._compiled, self._gm, self._post_compile_args = compiled, None, None
+                 "background", self._name, elapsed)
+        # boxed, as this object is called: decided once, not per call
+        self._compiled = compiled if getattr(compiled, "_boxed_call", False) else \
+            (lambda args: compiled(*args))
+        self._gm, self._post_compile_args = None, None
 
     def _save(self, compiled) -> None:
         if self._deferred_save is None:

@@ -105,6 +105,7 @@ TEST(Config, EverySettingParsed) {
   EXPECT_FALSE(d.isa.has_value());
   EXPECT_TRUE(d.compile_fallback);
   EXPECT_FALSE(d.compile_async);
+  EXPECT_FALSE(d.omp_spin_bounded);
   const Config c = make({{"OPENNEURON_FALLBACK", "Error"},
                          {"OPENNEURON_NATIVE_KERNELS", "off"},
                          {"OPENNEURON_ORIGIN", "0"},
@@ -129,6 +130,8 @@ TEST(Config, EverySettingParsed) {
   EXPECT_FALSE(c.compile_fallback);
   EXPECT_EQ(c.compile_cache_dir, "/tmp/cc");
   EXPECT_TRUE(c.compile_async);
+  EXPECT_TRUE(make({{"GOMP_SPINCOUNT", "10000"}}).omp_spin_bounded);
+  EXPECT_TRUE(make({{"OMP_WAIT_POLICY", "passive"}}).omp_spin_bounded);
   // Launch blocking (debugging) wins over the fusion switch.
   EXPECT_FALSE(
       make({{"TORCH_NEURONX_ENABLE_CONCATENATION", "1"}, {"NEURON_LAUNCH_BLOCKING", "1"}}).fusion);
@@ -162,7 +165,7 @@ TEST(Config, SettingsTableListsEveryVariable) {
         "TORCH_NEURONX_ENABLE_CONCATENATION", "OPENNEURON_FUSION_LOG", "OPENNEURON_FUSION_MAX_OPS",
         "OPENNEURON_PROFILER_MAX_EVENTS", "OPENNEURON_OOM_SNAPSHOT",
         "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "TORCH_NEURONX_NEFF_CACHE_DIR",
-        "OPENNEURON_COMPILE_ASYNC"})
+        "OPENNEURON_COMPILE_ASYNC", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY"})
     EXPECT_EQ(seen[name], 1) << name;
 }
 
