@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/kernel_util.h"
+#include "nki/convert.h"
 #include "nki/program.h"
 #include "runtime/parallel.h"
 
@@ -48,15 +49,6 @@ OPENNEURON_INLINE void scatter(char* base, int64_t off, int64_t stride, int n, c
   }
 }
 
-// Float to integer without UB: NaN -> 0, saturated, truncated toward zero (numpy's astype).
-template <class T>
-OPENNEURON_INLINE T to_int(float x, float lo, float hi) {
-  float c = x > hi ? hi : x;
-  c = c < lo ? lo : c;
-  c = c != c ? 0.0f : c;
-  return static_cast<T>(c);
-}
-
 OPENNEURON_INLINE void load_lanes(DType dt, const char* base, int64_t off, int64_t stride, int n,
                                   float* dst) {
   switch (dt) {
@@ -77,6 +69,21 @@ OPENNEURON_INLINE void load_lanes(DType dt, const char* base, int64_t off, int64
       break;
     case DType::k_int8:
       gather<int8_t>(base, off, stride, n, dst, [](int8_t v) { return static_cast<float>(v); });
+      break;
+    case DType::k_uint16:
+      gather<uint16_t>(base, off, stride, n, dst, [](uint16_t v) { return static_cast<float>(v); });
+      break;
+    case DType::k_int16:
+      gather<int16_t>(base, off, stride, n, dst, [](int16_t v) { return static_cast<float>(v); });
+      break;
+    case DType::k_uint32:
+      gather<uint32_t>(base, off, stride, n, dst, [](uint32_t v) { return static_cast<float>(v); });
+      break;
+    case DType::k_float8_e4m3:
+      gather<uint8_t>(base, off, stride, n, dst, [](uint8_t v) { return f32_from_fp8_e4m3(v); });
+      break;
+    case DType::k_float8_e5m2:
+      gather<uint8_t>(base, off, stride, n, dst, [](uint8_t v) { return f32_from_fp8_e5m2(v); });
       break;
     default:
       break;
@@ -106,6 +113,24 @@ OPENNEURON_INLINE void store_lanes(DType dt, char* base, int64_t off, int64_t st
     case DType::k_int8:
       scatter<int8_t>(base, off, stride, n, src,
                       [](float v) { return to_int<int8_t>(v, -128.0f, 127.0f); });
+      break;
+    case DType::k_uint16:
+      scatter<uint16_t>(base, off, stride, n, src,
+                        [](float v) { return to_int<uint16_t>(v, 0.0f, 65535.0f); });
+      break;
+    case DType::k_int16:
+      scatter<int16_t>(base, off, stride, n, src,
+                       [](float v) { return to_int<int16_t>(v, -32768.0f, 32767.0f); });
+      break;
+    case DType::k_uint32:
+      scatter<uint32_t>(base, off, stride, n, src,
+                        [](float v) { return to_int<uint32_t>(v, 0.0f, 4294967040.0f); });
+      break;
+    case DType::k_float8_e4m3:
+      scatter<uint8_t>(base, off, stride, n, src, [](float v) { return fp8_e4m3_from_f32(v); });
+      break;
+    case DType::k_float8_e5m2:
+      scatter<uint8_t>(base, off, stride, n, src, [](float v) { return fp8_e5m2_from_f32(v); });
       break;
     default:
       break;

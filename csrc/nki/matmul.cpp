@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/kernel_util.h"
+#include "nki/convert.h"
 #include "nki/program.h"
 #include "runtime/parallel.h"
 
@@ -58,25 +59,6 @@ void pack_a(const float* aT, int64_t lda, int64_t Mp, int64_t K, float* out) {
 void pack_b(const float* b, int64_t ldb, int64_t K, int64_t n0, float* out) {
   for (int64_t k = 0; k < K; ++k)
     std::memcpy(out + k * kColBlock, b + k * ldb + n0, sizeof(float) * kColBlock);
-}
-
-float load_one(DType dt, const char* base, int64_t i) {
-  switch (dt) {
-    case DType::k_float32:
-      return reinterpret_cast<const float*>(base)[i];
-    case DType::k_bfloat16:
-      return ir::numeric::f32_from_bf16(reinterpret_cast<const uint16_t*>(base)[i]);
-    case DType::k_float16:
-      return ir::numeric::f32_from_f16(reinterpret_cast<const uint16_t*>(base)[i]);
-    case DType::k_int32:
-      return static_cast<float>(reinterpret_cast<const int32_t*>(base)[i]);
-    case DType::k_uint8:
-      return static_cast<float>(reinterpret_cast<const uint8_t*>(base)[i]);
-    case DType::k_int8:
-      return static_cast<float>(reinterpret_cast<const int8_t*>(base)[i]);
-    default:
-      return 0.0f;
-  }
 }
 
 // A panel rows x ld of floats: element (r, c < cols) of the view at offset + r*sr + c*sc, the
@@ -154,19 +136,7 @@ void store_cols(const Instr& in, char* const* slots, const float* c, int64_t Np,
       const int64_t i = off + n * d.stride[1];
       float v = row[n];
       if (in.accumulate) v += load_one(d.dtype, base, i);
-      switch (d.dtype) {
-        case DType::k_float32:
-          reinterpret_cast<float*>(base)[i] = v;
-          break;
-        case DType::k_bfloat16:
-          reinterpret_cast<uint16_t*>(base)[i] = ir::numeric::bf16_from_f32(v);
-          break;
-        case DType::k_float16:
-          reinterpret_cast<uint16_t*>(base)[i] = ir::numeric::f16_from_f32(v);
-          break;
-        default:  // the tracer gives matmuls a floating destination only
-          break;
-      }
+      store_one(d.dtype, base, i, v);
     }
   }
 }

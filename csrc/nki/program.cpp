@@ -142,10 +142,46 @@ void check_view(const Reader& r, const Program& p, const Operand& o, const Instr
 
 constexpr int64_t kColumnRows = 128;  // partitions of a tile
 
+bool binary_op(Op op) { return op_arity(op) == 2; }
+
+// See Instr (kScan): op0 over data0 and the carry, op1 over that and data1, either order each.
+void check_scan(const Reader& r, const Instr& in) {
+  if (in.ndim != 2 || in.nreduce != 0 || in.accumulate || in.src.size() != 3 ||
+      in.steps.size() != 2)
+    r.fail("malformed scan");
+  const Step& s0 = in.steps[0];
+  const Step& s1 = in.steps[1];
+  const bool ok0 = binary_op(s0.op) && ((s0.a == 0 && s0.b == 2) || (s0.a == 2 && s0.b == 0));
+  const bool ok1 = binary_op(s1.op) && ((s1.a == 3 && s1.b == 1) || (s1.a == 1 && s1.b == 3));
+  if (!ok0 || !ok1) r.fail("scan steps");
+  const Operand& init = in.src[2];
+  if (init.type == Operand::kIota || (init.type == Operand::kView && init.stride[1] != 0))
+    r.fail("scan initial value is not one value per row");
+}
+
+// See Instr (kGather): every read it can make lies inside its slot (indices are checked when
+// read), in every partition a multiple of 16 with index columns enough for n_valid.
+void check_gather(const Reader& r, const Program& p, const Instr& in) {
+  const Operand& src = in.src.size() == 2 ? in.src[0] : in.dst;
+  const Operand& index = in.src.size() == 2 ? in.src[1] : in.dst;
+  if (in.ndim != 3 || in.nreduce != 0 || in.accumulate || in.src.size() != 2 || !in.steps.empty() ||
+      !in.preds.empty() || src.type != Operand::kView || index.type != Operand::kView ||
+      src.stride[1] != 0 || index.stride[2] != 0 || in.extent[0] % 16 != 0 ||
+      in.extent[1] > 16 * in.gather_index_cols || in.extent[2] > in.gather_src_free)
+    r.fail("malformed gather");
+  Instr box = in;  // the source's partitions x all its elements; the index tile
+  box.extent[1] = 1;
+  box.extent[2] = in.gather_src_free;
+  check_view(r, p, src, box, "gather source");
+  box.extent[1] = in.gather_index_cols;
+  box.extent[2] = 1;
+  check_view(r, p, index, box, "gather index");
+}
+
 Instr read_instr(Reader& r, const Program& p) {
   Instr in;
   const int n_slots = static_cast<int>(p.slot_bytes.size());
-  in.kind = static_cast<Kind>(r.next_in(0, 1, "instruction kind"));
+  in.kind = static_cast<Kind>(r.next_in(0, 3, "instruction kind"));
   in.ndim = static_cast<int>(r.next_in(1, kMaxDims, "rank"));
   for (int d = 0; d < in.ndim; ++d) in.extent[d] = r.next_in(0, int64_t{1} << 40, "extent");
   in.nreduce = static_cast<int>(r.next_in(0, in.ndim, "reduced axes"));
@@ -182,14 +218,21 @@ Instr read_instr(Reader& r, const Program& p) {
       r.fail("malformed matmul");
     if (in.dst.stride[2] != 0 || in.src[0].stride[1] != 0 || in.src[1].stride[0] != 0)
       r.fail("matmul operand strides");
+  } else if (in.kind == Kind::kScan) {
+    check_scan(r, in);
+  } else if (in.kind == Kind::kGather) {
+    in.gather_src_free = r.next_in(1, int64_t{1} << 40, "gather source size");
+    in.gather_index_cols = r.next_in(1, int64_t{1} << 40, "gather index columns");
+    check_gather(r, p, in);
   } else if (in.steps.empty() && in.src.size() != 1) {
     r.fail("elementwise instruction without a result");
   }
   // A reduction writes each output once: its destination must not move along reduced axes.
   for (int d = in.ndim - in.nreduce; d < in.ndim; ++d)
     if (in.dst.stride[d] != 0) r.fail("reduction destination moves along a reduced axis");
-  for (const Operand& o : in.src)
-    if (o.type == Operand::kView) check_view(r, p, o, in, "operand");
+  if (in.kind != Kind::kGather)  // a gather's reads: check_gather
+    for (const Operand& o : in.src)
+      if (o.type == Operand::kView) check_view(r, p, o, in, "operand");
   check_view(r, p, in.dst, in, "destination");
   // NOTE: a one-axis elementwise instruction over at most a partition's worth of elements (a
   // [P, 1] tile's column: an rstd store, a per-row scale) becomes P rows of one lane (strides
@@ -385,17 +428,26 @@ bool slots_overlap(const Program& p, void* const* slots) {
   return false;
 }
 
-void run_one(const Instr& in, char* const* slots, bool parallel, uint64_t seed) {
-  if (in.kind == Kind::kMatmul)
-    run_matmul(in, slots, parallel);
-  else
-    run_elementwise(in, slots, parallel, seed);
+void run_one(const Program& p, const Instr& in, char* const* slots, bool parallel, uint64_t seed) {
+  switch (in.kind) {
+    case Kind::kMatmul:
+      run_matmul(in, slots, parallel);
+      break;
+    case Kind::kScan:
+      run_scan(in, slots);
+      break;
+    case Kind::kGather:
+      run_gather(in, slots, p);
+      break;
+    default:
+      run_elementwise(in, slots, parallel, seed);
+  }
 }
 
-void run_group(const std::vector<Instr>& instrs, const Group& g, char* const* slots, bool parallel,
-               uint64_t seed) {
+void run_group(const Program& p, const std::vector<Instr>& instrs, const Group& g,
+               char* const* slots, bool parallel, uint64_t seed) {
   if (!g.blocked) {
-    run_one(instrs[static_cast<size_t>(g.begin)], slots, parallel, seed);
+    run_one(p, instrs[static_cast<size_t>(g.begin)], slots, parallel, seed);
     return;
   }
   const int64_t n_blocks = (g.rows + g.block_rows - 1) / g.block_rows;
@@ -425,11 +477,11 @@ void run_instance(const Program& p, size_t instance, void* const* slots, bool pa
   for (size_t i = 0; i < n_slots; ++i) local[i] = static_cast<char*>(slots[i]);
   if (local[n_slots - 1] == nullptr) local[n_slots - 1] = thread_arena(p.slot_bytes.back());
   if (in_order) {
-    for (const Instr& in : p.instances[instance]) run_one(in, local, parallel, seed);
+    for (const Instr& in : p.instances[instance]) run_one(p, in, local, parallel, seed);
     return;
   }
   const std::vector<Instr>& instrs = p.rewritten[instance];
-  for (const Group& g : p.schedules[instance]) run_group(instrs, g, local, parallel, seed);
+  for (const Group& g : p.schedules[instance]) run_group(p, instrs, g, local, parallel, seed);
 }
 
 }  // namespace

@@ -22,14 +22,20 @@ namespace openneuron::nki {
 constexpr int kMaxDims = 6;        // iteration axes of one instruction
 constexpr int kMaxRegisters = 24;  // operands + steps of one elementwise instruction
 
-// Storage types of tiles and HBM tensors. Compute is always float32 (PSUM is float32).
+// Storage types of tiles and HBM tensors (conversions in convert.h). Compute is always float32
+// (PSUM is float32); float8_e4m3 is torch's float8_e4m3fn (no infinities).
 #define OPENNEURON_NKI_DTYPES(X) \
   X(float32, 4)                  \
   X(bfloat16, 2)                 \
   X(float16, 2)                  \
   X(int32, 4)                    \
   X(uint8, 1)                    \
-  X(int8, 1)
+  X(int8, 1)                     \
+  X(uint16, 2)                   \
+  X(int16, 2)                    \
+  X(uint32, 4)                   \
+  X(float8_e4m3, 1)              \
+  X(float8_e5m2, 1)
 
 enum class DType : uint8_t {
 #define OPENNEURON_NKI_DTYPE_ENUM(name, size) k_##name,
@@ -63,7 +69,7 @@ enum class Op : uint8_t {
 int op_arity(Op op);
 const char* op_name(Op op);
 
-enum class Kind : uint8_t { kElementwise = 0, kMatmul = 1 };
+enum class Kind : uint8_t { kElementwise = 0, kMatmul = 1, kScan = 2, kGather = 3 };
 
 // An operand: a strided view of a slot, a constant, or an iota (offset + sum stride*index, as a
 // float). Strides are in elements, one per iteration axis (0 = broadcast).
@@ -94,6 +100,15 @@ struct Step {
 // dst = acc_op(dst, value). Lanes failing a predicate are neither read nor written.
 // kMatmul: extent = {M, N, K}; dst[m, n] (+)= sum_k src[0][m, k] * src[1][n, k] (stationary,
 // moving) in float32; strides are per (m, n, k).
+// kScan (nisa.tensor_tensor_scan): extent = {P, F}; src = {data0, data1, initial} (initial one
+// value per row: a constant or a view with free stride 0); steps = {op0 over registers 0 and 2,
+// op1 over registers 3 and 1}, register 2 the carry: in each row's active lanes, in order,
+// dst[p, f] = op1(op0(data0, carry), data1), and the carry becomes that value as stored in dst's
+// dtype. kGather (nisa.local_gather): extent = {P, n_valid, n_elem}; src = {source, index}: for
+// partition p of core c = p / 16 and j < n_valid, i = index[16 c + j % 16, j / 16] (the core's
+// index block read column by column), dst[p, j, e] = source[p, i + e]. source strides: {partition,
+// 0, element}; index strides: {partition, column, 0}. gather_src_free (elements of a source
+// partition) and gather_index_cols (index columns) bound both reads.
 struct Instr {
   Kind kind = Kind::kElementwise;
   int ndim = 0;
@@ -107,7 +122,9 @@ struct Instr {
   std::vector<Operand> src;
   std::vector<Step> steps;
   std::vector<Pred> preds;
-  int32_t line = -1;  // index into Program::lines
+  int32_t line = -1;              // index into Program::lines
+  int64_t gather_src_free = 0;    // kGather only
+  int64_t gather_index_cols = 0;  // kGather only
   // Set by rewrite_instance. kMatmul: the instruction after it, an elementwise `acc += dst`
   // (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`), and its own
   // destination is not written when no instruction reads it before it is overwritten
@@ -198,5 +215,8 @@ void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_
 void run_elementwise_rows(const Instr& in, char* const* slots, uint64_t seed, int64_t p0,
                           int64_t p1);
 void run_matmul(const Instr& in, char* const* slots, bool parallel);
+// gather_scan.cpp. Throw std::runtime_error naming the program's line for an index out of range.
+void run_scan(const Instr& in, char* const* slots);
+void run_gather(const Instr& in, char* const* slots, const Program& p);
 
 }  // namespace openneuron::nki

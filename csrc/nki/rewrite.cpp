@@ -68,6 +68,10 @@ bool plain_copy(const Instr& in) {
          in.dst.dtype == DType::k_float32 && in.extent[0] > 0 && in.extent[1] > 0;
 }
 
+// NOTE: a gather reads where its run-time indices point: its operands' strides do not describe
+// its reads, so no rewrite looks past one.
+bool opaque_reads(const Instr& in) { return in.kind == Kind::kGather; }
+
 bool empty_box(const Instr& in) {
   for (int d = 0; d < in.ndim; ++d)
     if (in.extent[d] == 0) return true;
@@ -148,7 +152,7 @@ void forward_load(std::vector<Instr>& instrs, size_t i, int32_t arena) {
   for (; j < end; ++j) {
     const Instr& in = instrs[j];
     if (in.dropped) continue;
-    if (empty_box(in)) return;
+    if (empty_box(in) || opaque_reads(in)) return;
     for (size_t k = 0; k < in.src.size(); ++k) {
       const Operand& o = in.src[k];
       if (!touch(o, in, tile, ld, pitch) || reads_a_later_write(o, in, instrs, partial)) continue;
@@ -181,7 +185,7 @@ bool unread_after(const std::vector<Instr>& instrs, size_t from, const Operand& 
   for (size_t j = from; j < end; ++j) {
     const Instr& in = instrs[j];
     if (in.dropped) continue;
-    if (empty_box(in)) return false;
+    if (empty_box(in) || opaque_reads(in)) return false;
     for (const Operand& o : in.src)
       if (touch(o, in, view, box, pitch) && !reads_a_later_write(o, in, instrs, partial))
         return false;
@@ -208,7 +212,7 @@ size_t forward_store(std::vector<Instr>& instrs, size_t i, int32_t arena) {
   for (size_t j = i; j-- > stop;) {
     Instr& in = instrs[j];
     if (in.dropped) continue;
-    if (empty_box(in) || in.absorbed) return i;
+    if (empty_box(in) || in.absorbed || opaque_reads(in)) return i;
     for (const Operand& o : in.src)
       if (touch(o, in, out, st, 0) || touch(o, in, tile, st, pitch)) return i;
     if (touch(in.dst, in, out, st, 0)) return i;

@@ -12,40 +12,14 @@
 #include <vector>
 
 #include "nki/program.h"
+#include "nki_encoder.h"
 
 namespace openneuron::nki {
 namespace {
 
 constexpr int kAdd = static_cast<int>(Op::k_add);
 constexpr int kMul = static_cast<int>(Op::k_multiply);
-
-int64_t f64(double d) {
-  int64_t w;
-  std::memcpy(&w, &d, sizeof w);
-  return w;
-}
-
-struct Encoder {
-  std::vector<int64_t> w;
-  explicit Encoder(std::vector<int64_t> slots) {
-    w = {0x4E4B4931, static_cast<int64_t>(slots.size())};
-    w.insert(w.end(), slots.begin(), slots.end());
-  }
-  void operand(int type, int slot, int64_t offset, std::vector<int64_t> strides, double v = 0) {
-    w.insert(w.end(), {type, 0, slot, offset});
-    w.insert(w.end(), strides.begin(), strides.end());
-    w.push_back(f64(v));
-  }
-  void header(int kind, std::vector<int64_t> extent, int nreduce = 0, int reduce_op = kAdd,
-              bool acc = false) {
-    w.insert(w.end(), {kind, static_cast<int64_t>(extent.size())});
-    w.insert(w.end(), extent.begin(), extent.end());
-    w.insert(w.end(), {nreduce, reduce_op, acc ? 1 : 0, kAdd, f64(1.0), -1});
-  }
-  std::unique_ptr<Program> parse() {
-    return std::unique_ptr<Program>(program_parse(w.data(), w.size(), "test", {}));
-  }
-};
+using nki_test::Encoder;
 
 TEST(Nki, MaskedAddAndRowSum) {
   // slots: a[4x8], b[4x8], out[4x8], sums[4], arena

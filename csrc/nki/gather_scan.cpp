@@ -1,0 +1,165 @@
+// The two NKI instructions whose lanes are not independent of each other's data: the scan along
+// the free axis (nisa.tensor_tensor_scan: each element depends on the one before it) and the
+// gather by run-time indices (nisa.local_gather). Both run row by row on the calling thread;
+// the lane-parallel instructions are execute.cpp and matmul.cpp. Semantics: Instr in program.h.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "nki/convert.h"
+#include "nki/program.h"
+
+namespace openneuron::nki {
+namespace {
+
+// The binary operations a scan may use, one lane at a time (the elementwise path's semantics).
+float binary(Op op, float x, float y) {
+  switch (op) {
+    case Op::k_add:
+      return x + y;
+    case Op::k_subtract:
+      return x - y;
+    case Op::k_multiply:
+      return x * y;
+    case Op::k_divide:
+      return x / y;
+    case Op::k_maximum:
+      return x > y ? x : y;
+    case Op::k_minimum:
+      return x < y ? x : y;
+    case Op::k_power:
+      return std::pow(x, y);
+    case Op::k_mod:
+      return x - std::floor(x / y) * y;
+    case Op::k_equal:
+      return x == y ? 1.0f : 0.0f;
+    case Op::k_not_equal:
+      return x != y ? 1.0f : 0.0f;
+    case Op::k_less:
+      return x < y ? 1.0f : 0.0f;
+    case Op::k_less_equal:
+      return x <= y ? 1.0f : 0.0f;
+    case Op::k_greater:
+      return x > y ? 1.0f : 0.0f;
+    case Op::k_greater_equal:
+      return x >= y ? 1.0f : 0.0f;
+    case Op::k_logical_and:
+      return (x != 0.0f && y != 0.0f) ? 1.0f : 0.0f;
+    case Op::k_logical_or:
+      return (x != 0.0f || y != 0.0f) ? 1.0f : 0.0f;
+    case Op::k_logical_xor:
+      return ((x != 0.0f) != (y != 0.0f)) ? 1.0f : 0.0f;
+    case Op::k_bitwise_and:
+    case Op::k_bitwise_or:
+    case Op::k_bitwise_xor: {
+      const int32_t a = to_int<int32_t>(x, -2147483648.0f, 2147483520.0f);
+      const int32_t b = to_int<int32_t>(y, -2147483648.0f, 2147483520.0f);
+      return static_cast<float>(op == Op::k_bitwise_and  ? (a & b)
+                                : op == Op::k_bitwise_or ? (a | b)
+                                                         : (a ^ b));
+    }
+    default:
+      return x;
+  }
+}
+
+int64_t floor_div(int64_t a, int64_t b) {  // b > 0
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// [lo, hi) of the free axis where every predicate holds in row p.
+void row_lanes(const Instr& in, int64_t p, int64_t* lo, int64_t* hi) {
+  *lo = 0;
+  *hi = in.extent[1];
+  for (const Pred& pr : in.preds) {
+    const int64_t v = pr.c + pr.coef[0] * p;
+    const int64_t k = pr.coef[1];
+    if (k == 0) {
+      if (v < 0) *hi = 0;
+    } else if (k > 0) {
+      *lo = std::max(*lo, -floor_div(v, k));
+    } else {
+      *hi = std::min(*hi, floor_div(v, -k) + 1);
+    }
+  }
+  if (*hi < *lo) *hi = *lo;
+}
+
+float read_view(const Operand& o, char* const* slots, int64_t off) {
+  return o.type == Operand::kConst ? o.value : load_one(o.dtype, slots[o.slot], off);
+}
+
+}  // namespace
+
+void run_scan(const Instr& in, char* const* slots) {
+  const Operand& d0 = in.src[0];
+  const Operand& d1 = in.src[1];
+  const Operand& init = in.src[2];
+  const Operand& dst = in.dst;
+  const Step& s0 = in.steps[0];
+  const Step& s1 = in.steps[1];
+  const bool carry_first = s0.a == 2;  // reverse0: op0(carry, data0)
+  const bool data1_first = s1.a == 1;  // reverse1: op1(data1, op0 result)
+  const bool exact = dst.dtype == DType::k_float32;
+  for (int64_t p = 0; p < in.extent[0]; ++p) {
+    int64_t lo, hi;
+    row_lanes(in, p, &lo, &hi);
+    if (lo >= hi) continue;
+    float carry = read_view(init, slots, init.offset + init.stride[0] * p);
+    const int64_t o0 = d0.offset + d0.stride[0] * p, o1 = d1.offset + d1.stride[0] * p;
+    const int64_t od = dst.offset + dst.stride[0] * p;
+    for (int64_t f = lo; f < hi; ++f) {
+      const float x0 = read_view(d0, slots, o0 + d0.stride[1] * f);
+      const float x1 = read_view(d1, slots, o1 + d1.stride[1] * f);
+      const float t = carry_first ? binary(s0.op, carry, x0) : binary(s0.op, x0, carry);
+      const float v = data1_first ? binary(s1.op, x1, t) : binary(s1.op, t, x1);
+      store_one(dst.dtype, slots[dst.slot], od + dst.stride[1] * f, v);
+      carry = exact ? v : round_to(dst.dtype, v);
+    }
+  }
+}
+
+void run_gather(const Instr& in, char* const* slots, const Program& prog) {
+  const Operand& src = in.src[0];
+  const Operand& index = in.src[1];
+  const Operand& dst = in.dst;
+  const int64_t n_valid = in.extent[1], n_elem = in.extent[2];
+  const size_t size = dtype_size(src.dtype);
+  const bool same_type = src.dtype == dst.dtype;
+  for (int64_t p = 0; p < in.extent[0]; ++p) {
+    const int64_t core0 = p / 16 * 16;
+    for (int64_t j = 0; j < n_valid; ++j) {
+      const int64_t q = core0 + j % 16, col = j / 16;
+      const float raw = load_one(index.dtype, slots[index.slot],
+                                 index.offset + index.stride[0] * q + index.stride[1] * col);
+      if (!(raw >= 0.0f) ||
+          raw + static_cast<float>(n_elem) > static_cast<float>(in.gather_src_free)) {
+        const std::string where = in.line >= 0 && static_cast<size_t>(in.line) < prog.lines.size()
+                                      ? prog.lines[static_cast<size_t>(in.line)]
+                                      : "?";
+        throw std::runtime_error(
+            where + ": in kernel '" + prog.name + "': nisa.local_gather index " +
+            std::to_string(raw) + " (partition " + std::to_string(q) + ", column " +
+            std::to_string(col) + ") reads elements past the " +
+            std::to_string(in.gather_src_free) + " of each source partition (" +
+            std::to_string(n_elem) + " per index); indices must be in [0, " +
+            std::to_string(in.gather_src_free - n_elem) + "]");
+      }
+      const int64_t i = static_cast<int64_t>(raw);
+      const int64_t from = src.offset + src.stride[0] * p + src.stride[2] * i;
+      const int64_t to = dst.offset + dst.stride[0] * p + dst.stride[1] * j;
+      for (int64_t e = 0; e < n_elem; ++e) {
+        const int64_t a = from + src.stride[2] * e, b = to + dst.stride[2] * e;
+        if (same_type)  // bit for bit, as the hardware copies
+          std::memcpy(slots[dst.slot] + b * size, slots[src.slot] + a * size, size);
+        else
+          store_one(dst.dtype, slots[dst.slot], b, load_one(src.dtype, slots[src.slot], a));
+      }
+    }
+  }
+}
+
+}  // namespace openneuron::nki

@@ -1,0 +1,238 @@
+// The NKI executor's storage dtypes and its two instructions whose lanes depend on data
+// (csrc/nki/gather_scan.cpp) on hand-encoded programs: conversions to and from uint16 / int16 /
+// uint32 / float8 (saturation, rounding, NaN and infinity as torch converts), the scan along the
+// free axis (reversed operands, a masked row, a narrow destination's carry), the gather by
+// run-time indices, and the parser's and executor's refusals (a scan with foreign registers, a
+// gather index tile past its slot, an index past the source as an error naming the line).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "nki/convert.h"
+#include "nki/program.h"
+#include "nki_encoder.h"
+
+namespace openneuron::nki {
+namespace {
+
+using nki_test::Encoder;
+
+constexpr int kAdd = static_cast<int>(Op::k_add);
+constexpr int kSub = static_cast<int>(Op::k_subtract);
+constexpr int kMul = static_cast<int>(Op::k_multiply);
+
+// in (n float32) -> out (n of dtype dt) -> back (n float32), one program of two copies.
+std::vector<float> round_trip(DType dt, const std::vector<float>& in, std::vector<uint8_t>* raw) {
+  const int64_t n = static_cast<int64_t>(in.size());
+  const int64_t size = static_cast<int64_t>(dtype_size(dt));
+  Encoder e({n * 4, n * size, n * 4, 64});
+  e.w.insert(e.w.end(), {1, 2});
+  e.header(0, {1, n});
+  e.operand(0, 1, 0, {0, 1}, 0, dt);
+  e.w.push_back(1);
+  e.operand(0, 0, 0, {0, 1});
+  e.w.insert(e.w.end(), {0, 0});
+  e.header(0, {1, n});
+  e.operand(0, 2, 0, {0, 1});
+  e.w.push_back(1);
+  e.operand(0, 1, 0, {0, 1}, 0, dt);
+  e.w.insert(e.w.end(), {0, 0});
+  auto p = e.parse();
+  raw->assign(static_cast<size_t>(n * size), 0);
+  std::vector<float> src = in, back(in.size(), -1.0f);
+  void* slots[] = {src.data(), raw->data(), back.data(), nullptr};
+  program_run(*p, slots);
+  return back;
+}
+
+TEST(NkiIsa, IntegerDtypesSaturateAndTruncate) {
+  std::vector<uint8_t> raw;
+  const std::vector<float> in = {-5.0f, 3.7f, 70000.0f, NAN, 65535.0f, -3.7f};
+  EXPECT_EQ(round_trip(DType::k_uint16, in, &raw), (std::vector<float>{0, 3, 65535, 0, 65535, 0}));
+  EXPECT_EQ(round_trip(DType::k_int16, in, &raw), (std::vector<float>{-5, 3, 32767, 0, 32767, -3}));
+  const std::vector<float> big = {-1.0f, 4.0e9f, 5.0e9f, 16777216.0f};
+  EXPECT_EQ(round_trip(DType::k_uint32, big, &raw),
+            (std::vector<float>{0, 4.0e9f, 4294967040.0f, 16777216.0f}));
+  uint32_t word;
+  std::memcpy(&word, raw.data() + 4, 4);
+  EXPECT_EQ(word, 4000000000u);
+}
+
+TEST(NkiIsa, Float8RoundsToNearestEvenWithTorchsOverflowRules) {
+  std::vector<uint8_t> raw;
+  // e4m3fn: 1, the largest finite, a tie that rounds down to it, past it (NaN: no infinity),
+  // infinity (NaN), the smallest subnormal, half of it (a tie to zero), a negative value.
+  const std::vector<float> in = {1.0f,     448.0f,       464.0f,        470.0f,
+                                 INFINITY, 0.001953125f, 0.0009765625f, -2.5f};
+  std::vector<float> back = round_trip(DType::k_float8_e4m3, in, &raw);
+  EXPECT_EQ(raw[0], 0x38);
+  EXPECT_EQ(raw[1], 0x7E);
+  EXPECT_EQ(back[2], 448.0f);
+  EXPECT_TRUE(std::isnan(back[3]));
+  EXPECT_TRUE(std::isnan(back[4]));
+  EXPECT_EQ(raw[5], 0x01);
+  EXPECT_EQ(back[6], 0.0f);
+  EXPECT_EQ(back[7], -2.5f);
+  // e5m2: the largest finite, infinity from 65536 on, NaN, a subnormal (2^-16), rounding.
+  const std::vector<float> in2 = {57344.0f, 65536.0f, NAN, 1.52587890625e-05f, 1.1f, -3.0f};
+  back = round_trip(DType::k_float8_e5m2, in2, &raw);
+  EXPECT_EQ(raw[0], 0x7B);
+  EXPECT_EQ(raw[1], 0x7C);
+  EXPECT_TRUE(std::isinf(back[1]));
+  EXPECT_TRUE(std::isnan(back[2]));
+  EXPECT_EQ(raw[3], 0x01);
+  EXPECT_EQ(back[4], 1.0f);
+  EXPECT_EQ(back[5], -3.0f);
+  // Every byte decodes to a value that encodes back to the same byte (NaNs aside).
+  for (int b = 0; b < 256; ++b) {
+    const auto u = static_cast<uint8_t>(b);
+    const float x = f32_from_fp8_e4m3(u), y = f32_from_fp8_e5m2(u);
+    if (!std::isnan(x)) {
+      EXPECT_EQ(fp8_e4m3_from_f32(x), u) << b;
+    }
+    if (!std::isnan(y)) {
+      EXPECT_EQ(fp8_e5m2_from_f32(y), u) << b;
+    }
+  }
+}
+
+// A scan over [P, F] float32 rows of slots 0 (data0) and 1 (data1), initial from slot 2 ([P]),
+// into slot 3 of dtype dst_dt; op0 = (reverse0 ? carry op0 data0 : data0 op0 carry).
+std::unique_ptr<Program> scan_program(int64_t P, int64_t F, int op0, bool reverse0, int op1,
+                                      DType dst_dt, std::vector<std::vector<int64_t>> preds) {
+  Encoder e({P * F * 4, P * F * 4, P * 4, P * F * 4, 64});
+  e.w.insert(e.w.end(), {1, 1});
+  e.header(2, {P, F});
+  e.operand(0, 3, 0, {F, 1}, 0, dst_dt);
+  e.w.push_back(3);
+  e.operand(0, 0, 0, {F, 1});
+  e.operand(0, 1, 0, {F, 1});
+  e.operand(0, 2, 0, {1, 0});
+  e.w.push_back(2);
+  if (reverse0)
+    e.w.insert(e.w.end(), {op0, 2, 0, 0});
+  else
+    e.w.insert(e.w.end(), {op0, 0, 2, 0});
+  e.w.insert(e.w.end(), {op1, 3, 1, 0});
+  e.w.push_back(static_cast<int64_t>(preds.size()));
+  for (auto& pr : preds) e.w.insert(e.w.end(), pr.begin(), pr.end());
+  return e.parse();
+}
+
+TEST(NkiIsa, ScanAlongTheFreeAxis) {
+  const int64_t P = 3, F = 6;
+  std::vector<float> a(P * F), b(P * F), init = {0.5f, -1.0f, 2.0f}, out(P * F, -7.0f);
+  for (int i = 0; i < P * F; ++i) a[i] = 0.25f * static_cast<float>(i % 5) + 0.5f;
+  for (int i = 0; i < P * F; ++i) b[i] = static_cast<float>(i % 3) - 1.0f;
+  void* slots[] = {a.data(), b.data(), init.data(), out.data(), nullptr};
+  // out = a * carry + b, every lane.
+  program_run(*scan_program(P, F, kMul, false, kAdd, DType::k_float32, {}), slots);
+  for (int p = 0; p < P; ++p) {
+    float c = init[p];
+    for (int f = 0; f < F; ++f) {
+      c = a[p * F + f] * c + b[p * F + f];
+      EXPECT_EQ(out[p * F + f], c) << p << "," << f;
+    }
+  }
+  // out = (carry - a) + b with reverse0, only lanes f <= 2 of rows p >= 1 (the rest kept).
+  std::fill(out.begin(), out.end(), -7.0f);
+  program_run(*scan_program(P, F, kSub, true, kAdd, DType::k_float32, {{2, 0, -1}, {-1, 1, 0}}),
+              slots);
+  for (int p = 0; p < P; ++p) {
+    float c = init[p];
+    for (int f = 0; f < F; ++f) {
+      if (p < 1 || f > 2) {
+        EXPECT_EQ(out[p * F + f], -7.0f);
+        continue;
+      }
+      c = (c - a[p * F + f]) + b[p * F + f];
+      EXPECT_EQ(out[p * F + f], c);
+    }
+  }
+}
+
+TEST(NkiIsa, ScanCarriesTheValueAsStored) {
+  const int64_t P = 1, F = 40;
+  std::vector<float> a(F, 1.0f), b(F, 0.01f), init = {0.0f};
+  std::vector<uint16_t> out(F);
+  void* slots[] = {a.data(), b.data(), init.data(), out.data(), nullptr};
+  program_run(*scan_program(P, F, kMul, false, kAdd, DType::k_bfloat16, {}), slots);
+  float c = 0.0f;
+  for (int f = 0; f < F; ++f) {
+    c = round_to(DType::k_bfloat16, c + 0.01f);  // the numpy formula on a bfloat16 result
+    EXPECT_EQ(out[f], ir::numeric::bf16_from_f32(c)) << f;
+  }
+}
+
+TEST(NkiIsa, ScanWithForeignRegistersIsRejected) {
+  Encoder e({64, 64, 16, 64, 64});
+  e.w.insert(e.w.end(), {1, 1});
+  e.header(2, {4, 4});
+  e.operand(0, 3, 0, {4, 1});
+  e.w.push_back(3);
+  e.operand(0, 0, 0, {4, 1});
+  e.operand(0, 1, 0, {4, 1});
+  e.operand(0, 2, 0, {1, 0});
+  e.w.push_back(2);
+  e.w.insert(e.w.end(), {kMul, 0, 1, 0});  // op0 over data0 and data1: not a scan
+  e.w.insert(e.w.end(), {kAdd, 3, 1, 0});
+  e.w.push_back(0);
+  EXPECT_THROW(e.parse(), std::invalid_argument);
+}
+
+// A gather of n_valid x n_elem from a [P, S] float32 source by a [P, K] uint16 index tile.
+Encoder gather_encoder(int64_t P, int64_t S, int64_t K, int64_t n_valid, int64_t n_elem,
+                       int64_t index_bytes) {
+  Encoder e({P * S * 4, index_bytes, P * n_valid * n_elem * 4, 64});
+  e.w.insert(e.w.end(), {1, 1});
+  e.header(3, {P, n_valid, n_elem}, 0, kAdd, false, 0);
+  e.operand(0, 2, 0, {n_valid * n_elem, n_elem, 1});
+  e.w.push_back(2);
+  e.operand(0, 0, 0, {S, 0, 1});
+  e.operand(0, 1, 0, {K, 1, 0}, 0, DType::k_uint16);
+  e.w.push_back(0);  // no steps
+  e.w.push_back(0);  // no predicates
+  e.w.insert(e.w.end(), {S, K});
+  return e;
+}
+
+TEST(NkiIsa, GatherByRunTimeIndices) {
+  const int64_t P = 32, S = 10, K = 2, n_valid = 20, n_elem = 2;
+  auto p = gather_encoder(P, S, K, n_valid, n_elem, P * K * 2).parse({"kernel.py:7"});
+  std::vector<float> src(P * S), out(P * n_valid * n_elem, -1.0f);
+  std::vector<uint16_t> index(P * K);
+  for (int i = 0; i < P * S; ++i) src[i] = static_cast<float>(i);
+  for (int i = 0; i < P * K; ++i) index[i] = static_cast<uint16_t>((i * 7) % (S - n_elem + 1));
+  void* slots[] = {src.data(), index.data(), out.data(), nullptr};
+  program_run(*p, slots);
+  for (int64_t q = 0; q < P; ++q)
+    for (int64_t j = 0; j < n_valid; ++j) {
+      const int64_t core0 = q / 16 * 16;
+      const int64_t i = index[(core0 + j % 16) * K + j / 16];
+      for (int64_t el = 0; el < n_elem; ++el)
+        EXPECT_EQ(out[(q * n_valid + j) * n_elem + el], src[q * S + i + el]) << q << "," << j;
+    }
+  index[17 * K + 1] = static_cast<uint16_t>(S - 1);  // j = 17 of core 1 reads past the source
+  try {
+    program_run(*p, slots);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& ex) {
+    EXPECT_NE(std::string(ex.what()).find("kernel.py:7"), std::string::npos) << ex.what();
+    EXPECT_NE(std::string(ex.what()).find("local_gather index 9"), std::string::npos) << ex.what();
+  }
+}
+
+TEST(NkiIsa, GatherIndexTilePastItsSlotIsRejected) {
+  EXPECT_THROW(gather_encoder(16, 8, 2, 20, 1, 16 * 2 * 2 - 2).parse({"k.py:1"}),
+               std::invalid_argument);
+  EXPECT_THROW(gather_encoder(16, 8, 1, 20, 1, 16 * 2).parse({"k.py:1"}),  // 20 > 16 x 1
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace openneuron::nki
