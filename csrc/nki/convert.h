@@ -1,7 +1,8 @@
 // The NKI executor's storage conversions: each tile/HBM dtype (program.h's table) to and from
 // the float32 that every instruction computes in. Integers saturate and truncate toward zero
-// (NaN -> 0, as numpy's astype does on this host); float8 rounds to nearest even with torch's
-// overflow rules (c10's Float8_e4m3fn / Float8_e5m2). Not the loops (execute.cpp, matmul.cpp).
+// (NaN -> 0, as numpy's astype does on this host); float8 rounds to nearest even with the
+// overflow rules of torch's tensor conversions (torch 2.13: e4m3fn saturates, e5m2 overflows to
+// infinity). Not the loops (execute.cpp, matmul.cpp, gather_scan.cpp).
 #pragma once
 
 #include <cstdint>
@@ -20,18 +21,21 @@ inline T to_int(float x, float lo, float hi) {
   return static_cast<T>(c);
 }
 
-// float8_e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities, 0x7F/0xFF NaN. A
-// magnitude of 480 or more (448 rounds up past the largest finite there), an infinity or a NaN
-// becomes NaN, as torch converts.
+// float8_e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities, 0x7F/0xFF NaN. As
+// torch converts tensors: a magnitude that would round past the largest finite (448), an
+// infinity among them, saturates to +-448; NaN stays NaN.
 inline uint8_t fp8_e4m3_from_f32(float f) {
-  constexpr uint32_t kNanFrom = UINT32_C(1087) << 20;  // 480.0f
+  constexpr uint32_t kInf = UINT32_C(255) << 23;
+  constexpr uint32_t kPastMax = UINT32_C(1087) << 20;  // 480.0f
   constexpr uint32_t kDenormMask = UINT32_C(141) << 23;
   uint32_t bits = ir::numeric::f32_bits(f);
   const uint32_t sign = bits & UINT32_C(0x80000000);
   bits ^= sign;
   uint8_t r;
-  if (bits >= kNanFrom) {
+  if (bits > kInf) {
     r = 0x7F;
+  } else if (bits >= kPastMax) {
+    r = 0x7E;
   } else if (bits < (UINT32_C(121) << 23)) {  // below 2^-6: subnormal, rounded by the FPU's add
     const float g = ir::numeric::f32_from_bits(bits) + ir::numeric::f32_from_bits(kDenormMask);
     r = static_cast<uint8_t>(ir::numeric::f32_bits(g) - kDenormMask);
@@ -39,6 +43,7 @@ inline uint8_t fp8_e4m3_from_f32(float f) {
     const uint32_t odd = (bits >> 20) & 1;
     bits += (static_cast<uint32_t>(7 - 127) << 23) + UINT32_C(0x7FFFF) + odd;
     r = static_cast<uint8_t>(bits >> 20);
+    r = r == 0x7F ? 0x7E : r;  // rounded up past 448: saturated
   }
   return static_cast<uint8_t>(r | (sign >> 24));
 }

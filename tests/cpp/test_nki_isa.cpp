@@ -1,8 +1,8 @@
 // The NKI executor's storage dtypes and its two instructions whose lanes depend on data
 // (csrc/nki/gather_scan.cpp) on hand-encoded programs: conversions to and from uint16 / int16 /
-// uint32 / float8 (saturation, rounding, NaN and infinity as torch converts), the scan along the
-// free axis (reversed operands, a masked row, a narrow destination's carry), the gather by
-// run-time indices, and the parser's and executor's refusals (a scan with foreign registers, a
+// uint32 / float8 (saturation, rounding, NaN and infinity as torch converts tensors), the scan
+// along the free axis (reversed operands, a masked row, a narrow destination's carry), the gather
+// by run-time indices, and the parser's and executor's refusals (a scan with foreign registers, a
 // gather index tile past its slot, an index past the source as an error naming the line).
 #include <gtest/gtest.h>
 
@@ -65,19 +65,20 @@ TEST(NkiIsa, IntegerDtypesSaturateAndTruncate) {
 
 TEST(NkiIsa, Float8RoundsToNearestEvenWithTorchsOverflowRules) {
   std::vector<uint8_t> raw;
-  // e4m3fn: 1, the largest finite, a tie that rounds down to it, past it (NaN: no infinity),
-  // infinity (NaN), the smallest subnormal, half of it (a tie to zero), a negative value.
-  const std::vector<float> in = {1.0f,     448.0f,       464.0f,        470.0f,
-                                 INFINITY, 0.001953125f, 0.0009765625f, -2.5f};
+  // e4m3fn: 1, the largest finite, a tie that rounds down to it, past it and infinity (both
+  // saturate: no infinity), NaN, the smallest subnormal, half of it (a tie to zero), -1e6.
+  const std::vector<float> in = {1.0f, 448.0f,       464.0f,        470.0f, INFINITY,
+                                 NAN,  0.001953125f, 0.0009765625f, -1e6f};
   std::vector<float> back = round_trip(DType::k_float8_e4m3, in, &raw);
   EXPECT_EQ(raw[0], 0x38);
   EXPECT_EQ(raw[1], 0x7E);
   EXPECT_EQ(back[2], 448.0f);
-  EXPECT_TRUE(std::isnan(back[3]));
-  EXPECT_TRUE(std::isnan(back[4]));
-  EXPECT_EQ(raw[5], 0x01);
-  EXPECT_EQ(back[6], 0.0f);
-  EXPECT_EQ(back[7], -2.5f);
+  EXPECT_EQ(back[3], 448.0f);
+  EXPECT_EQ(back[4], 448.0f);
+  EXPECT_EQ(raw[5], 0x7F);
+  EXPECT_EQ(raw[6], 0x01);
+  EXPECT_EQ(back[7], 0.0f);
+  EXPECT_EQ(raw[8], 0xFE);
   // e5m2: the largest finite, infinity from 65536 on, NaN, a subnormal (2^-16), rounding.
   const std::vector<float> in2 = {57344.0f, 65536.0f, NAN, 1.52587890625e-05f, 1.1f, -3.0f};
   back = round_trip(DType::k_float8_e5m2, in2, &raw);
