@@ -18,7 +18,9 @@ from openneuron.nki._trace import NkiError, Trace
 CACHE_SIZE = 64
 
 _NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32,
-                 "uint8": np.uint8, "int8": np.int8}
+                 "uint8": np.uint8, "int8": np.int8, "uint16": np.uint16, "int16": np.int16,
+                 "uint32": np.uint32}
+_TORCH_NAMES = {"float8_e4m3": "float8_e4m3fn"}
 
 
 def _torch():
@@ -341,7 +343,7 @@ def _launch_host(traced, args, arrays):
 
 def _torch_dtype(name):
     torch = _torch()
-    return getattr(torch, name)
+    return getattr(torch, _TORCH_NAMES.get(name, name))
 
 
 def trace_outputs(traced: Traced):

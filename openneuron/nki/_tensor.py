@@ -19,8 +19,12 @@ class DTypeConst(str):
 
 
 BFLOAT16 = DTypeConst("bfloat16")
+FLOAT8_E4M3 = DTypeConst("float8_e4m3")
+FLOAT8_E5M2 = DTypeConst("float8_e5m2")
 _PUBLIC_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32,
-                  "uint8": np.uint8, "int8": np.int8, "bfloat16": BFLOAT16}
+                  "uint8": np.uint8, "int8": np.int8, "uint16": np.uint16, "int16": np.int16,
+                  "uint32": np.uint32, "bfloat16": BFLOAT16, "float8_e4m3": FLOAT8_E4M3,
+                  "float8_e5m2": FLOAT8_E5M2}
 
 
 def public_dtype(name: str):

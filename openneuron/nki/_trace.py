@@ -75,7 +75,9 @@ def fail(message: str):
 # --- dtypes ------------------------------------------------------------------------------------
 
 _DTYPE_ALIASES = {"bool": "uint8", "bool_": "uint8", "float": "float32", "tfloat32": "float32",
-                  "half": "float16", "int": "int32"}
+                  "half": "float16", "int": "int32", "short": "int16",
+                  "float8_e4m3fn": "float8_e4m3"}
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2")
 
 
 def dtype_name(dt) -> str:
@@ -100,7 +102,7 @@ def dtype_name(dt) -> str:
 
 
 def is_float(name: str) -> bool:
-    return name in ("float32", "bfloat16", "float16")
+    return name in FLOAT_DTYPES
 
 
 def promote(a: str, b: str) -> str:
@@ -208,6 +210,7 @@ class Instr:
         "dst",
         "enabled",
         "extent",
+        "extra",
         "kind",
         "line",
         "nreduce",
@@ -233,6 +236,7 @@ class Instr:
         self.post_scale = post_scale
         self.line = line
         self.enabled = True
+        self.extra = ()  # kind-specific words after the predicates (a gather's bounds)
 
 
 def _f64_word(x: float) -> int:
@@ -371,6 +375,7 @@ def encode(program_traces: list, slots: dict, slot_bytes: list, arena_slot: int)
             words.append(len(ins.preds))
             for c, coefs in ins.preds:
                 words += [c, *coefs]
+            words += list(ins.extra)
     return np.asarray(words, dtype=np.int64)
 
 

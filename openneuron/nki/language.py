@@ -14,6 +14,8 @@ from openneuron.nki import _emit, _trace
 from openneuron.nki._emit import Expr, broadcast_shape, emit, new_buffer, reduce_into
 from openneuron.nki._tensor import (  # noqa: F401  (the public names)
     BFLOAT16,
+    FLOAT8_E4M3,
+    FLOAT8_E5M2,
     HBM,
     PRIVATE_HBM,
     PSUM,
@@ -34,8 +36,8 @@ float32 = np.float32
 float16 = np.float16
 bfloat16 = BFLOAT16
 tfloat32 = DTypeConst("tfloat32")
-float8_e4m3 = DTypeConst("float8_e4m3")
-float8_e5m2 = DTypeConst("float8_e5m2")
+float8_e4m3 = FLOAT8_E4M3  # stored as torch.float8_e4m3fn (no infinities)
+float8_e5m2 = FLOAT8_E5M2
 int32 = np.int32
 int16 = np.int16
 int8 = np.int8

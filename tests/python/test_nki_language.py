@@ -498,3 +498,64 @@ def test_out_of_bounds_without_mask():
 def test_outside_a_kernel():
     with pytest.raises(nki.NkiError, match="inside a kernel"):
         nl.zeros((4, 4), dtype=nl.float32)
+
+
+@nki.jit
+def cast_copy(x, dtype):
+    """x loaded, stored as `dtype` (a traced constant)."""
+    out = nl.ndarray(x.shape, dtype=dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.load(x))
+    return out
+
+
+@pytest.mark.parametrize("dtype, lo, hi", [(nl.uint16, 0, 65535), (nl.int16, -32768, 32767),
+                                           (nl.uint32, 0, 4294967040)])
+def test_integer_dtypes_saturate_and_truncate(dtype, lo, hi):
+    x = np.array([[-70000.5, -3.7, -0.5, 0.0, 2.9, 65535.0, 70000.0, 5e9, np.nan] * 2] * 2,
+                 np.float32)
+    got = cast_copy(x, dtype)
+    assert got.dtype == np.dtype(dtype)
+    want = np.trunc(np.clip(np.nan_to_num(x, nan=0.0), lo, hi)).astype(np.float64)
+    np.testing.assert_array_equal(got.astype(np.float64), want)
+    back = cast_copy(got, nl.float32)  # and read back as float32
+    np.testing.assert_array_equal(back.astype(np.float64), want.astype(np.float32))
+
+
+def float8_samples():
+    """Every float32 region float8 rounds differently: subnormals, ties, the largest finite
+    values and past them, infinities, NaN; both signs."""
+    mags = [0.0, 2.0 ** -10, 2.0 ** -9, 3 * 2.0 ** -10, 2.0 ** -17, 2.0 ** -16, 1.0, 1.0625, 1.1875,
+            2.5, 447.0, 448.0, 464.0, 465.0, 479.9, 480.0, 500.0, 57344.0, 61439.0, 61440.0,
+            65535.0, 65536.0, 1e9, np.inf, np.nan]
+    rand_mags = np.exp(RNG.uniform(-20, 12, size=4000))
+    v = np.concatenate([mags, rand_mags]).astype(np.float32)
+    v = np.concatenate([v, -v])
+    return torch.from_numpy(np.resize(v, (128, (len(v) + 127) // 128)))
+
+
+@pytest.mark.parametrize("name, tdt", [("float8_e4m3", torch.float8_e4m3fn),
+                                       ("float8_e5m2", torch.float8_e5m2)])
+def test_float8_storage_converts_as_torch(name, tdt):
+    x = float8_samples()
+    got = cast_copy(x, getattr(nl, name))  # CPU tensors in, CPU tensors out
+    assert got.dtype == tdt
+    torch.testing.assert_close(got.view(torch.uint8), x.to(tdt).view(torch.uint8), rtol=0,
+                               atol=0)
+    up = cast_copy(x.to(tdt), nl.float32)  # float8 kernel inputs: read as their float32 values
+    torch.testing.assert_close(up, x.to(tdt).float(), rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(nki.NkiError, match="numpy lacks"):
+        cast_copy(x.numpy(), getattr(nl, name))
+
+
+def test_float8_matmul_upcasts_to_float32_psum():
+    st = (torch.randn(128, 64) * 4).to(torch.float8_e4m3fn)
+    mv = (torch.randn(128, 200) * 4).to(torch.float8_e5m2)
+
+    @nki.jit
+    def mm(a, b):
+        out = nl.ndarray((64, 200), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.matmul(nl.load(a), nl.load(b), transpose_x=True))
+        return out
+
+    want = st.double().T @ mv.double()  # float8 products are exact in float32
+    torch.testing.assert_close(mm(st, mv).double(), want, rtol=1e-6, atol=1e-5)

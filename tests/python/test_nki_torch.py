@@ -28,6 +28,28 @@ def saxpy(x, y, alpha=2.0):
     return out
 
 
+@nki.jit
+def cast_copy(x, dtype):
+    out = nl.ndarray(x.shape, dtype=dtype, buffer=nl.shared_hbm)
+    nl.store(out, nl.load(x))
+    return out
+
+
+@pytest.mark.parametrize("src, dst", [(torch.float32, torch.float8_e4m3fn),
+                                      (torch.float8_e4m3fn, torch.float8_e5m2),
+                                      (torch.float8_e5m2, torch.float32),
+                                      (torch.float32, torch.uint16), (torch.int16, torch.uint32)])
+def test_neuron_tensors_of_narrow_dtypes(device, src, dst):
+    x = (torch.randn(128, 40) * 300).to(src)
+    name = {torch.float8_e4m3fn: "float8_e4m3"}.get(dst, str(dst).replace("torch.", ""))
+    out = cast_copy(x.to(device), getattr(nl, name))
+    assert out.device == device and out.dtype == dst
+    host = cast_copy(x, getattr(nl, name))  # the same kernel on CPU tensors
+    assert torch.equal(out.cpu().view(torch.uint8), host.view(torch.uint8))
+    if dst.is_floating_point:
+        assert torch.equal(host.view(torch.uint8), x.float().to(dst).view(torch.uint8))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_neuron_tensors_match_numpy(device, dtype):
     x, y = torch.randn(300, 96), torch.randn(300, 96)
