@@ -129,10 +129,11 @@ def _touch_write(buf: Buffer, full: bool):
 
 
 def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None, mask=None,
-         accumulate=None, nreduce=0, reduce_op="add", post_scale=1.0, allow_hbm=False):
+         accumulate=None, nreduce=0, reduce_op="add", post_scale=1.0, allow_hbm=False, kind=0):
     """Records dst <- expr over the iteration axes `space_dims` of the broadcast shape S (default
     all of S, in order), the last `nreduce` of them reduced. dst_map: the dst axis of each
-    iteration axis (None where dst does not move)."""
+    iteration axis (None where dst does not move). kind 2: the scan (csrc/nki program.h) with
+    expr's operands (data0, data1, initial) and its two steps."""
     t = _trace.current()
     S = tuple(int(s) for s in S)
     space_dims = list(range(len(S))) if space_dims is None else list(space_dims)
@@ -248,7 +249,7 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
         _touch_read(dst._buf)
     full = not rest and accumulate is None and _covers(dop, extent, dst._buf.numel)
     _touch_write(dst._buf, full)
-    instr = Instr(0, extent, dop, srcs, steps, rest, nreduce=nreduce, reduce_op=reduce_op,
+    instr = Instr(kind, extent, dop, srcs, steps, rest, nreduce=nreduce, reduce_op=reduce_op,
                   accumulate=accumulate is not None, acc_op=accumulate or "add",
                   post_scale=post_scale, line=t.line())
     return t.add(instr)
@@ -277,7 +278,7 @@ def check_matmul(stationary: NkiTensor, moving: NkiTensor):
             fail(f"matmul {name} operand must be an SBUF tile, got {x._buf.kind}")
         if not _trace.is_float(x._buf.dtype):
             fail(f"matmul {name} operand has dtype {x._buf.dtype}; the Tensor Engine takes "
-                 f"float32, bfloat16 or float16")
+                 f"float32, bfloat16, float16, float8_e4m3 or float8_e5m2")
     a, b = stationary._buf.dtype, moving._buf.dtype
     if (a == "float32") != (b == "float32"):
         fail(f"matmul operands {a} and {b}: a float32 matmul needs both operands float32 "
@@ -349,3 +350,26 @@ def reduce_into(dst: NkiTensor, S, axes, expr: Expr, result, op: str, *, keepdim
         dst_map = list(range(len(kept))) + [None] * len(axes)
     return emit(dst, S, expr, result, space_dims=space, dst_map=dst_map, mask=mask,
                 accumulate=accumulate, nreduce=len(axes), reduce_op=op, post_scale=post_scale)
+
+
+def emit_gather(dst: NkiTensor, src: NkiTensor, index: NkiTensor, n_valid: int, n_elem: int):
+    """dst [P, n_valid, n_elem] <- nisa.local_gather of src [P, S] (unit free stride) by the
+    run-time indices of index [P, K] (csrc/nki program.h, kGather; an index past S - n_elem
+    fails when the kernel runs, naming its line)."""
+    t = _trace.current()
+    P, S = src.shape
+    K = index.shape[1]
+    if src.strides[1] != 1:
+        fail("nisa.local_gather: the source's free elements must be contiguous in each partition; "
+             "copy it into a tile first")
+    dop = Operand(0, dst._buf.dtype, dst._buf.id, dst.offset, dst.strides)
+    sop = Operand(0, src._buf.dtype, src._buf.id, src.offset, (src.strides[0], 0, 1))
+    iop = Operand(0, index._buf.dtype, index._buf.id, index.offset,
+                  (index.strides[0], index.strides[1], 0))
+    _touch_read(src._buf)
+    _touch_read(index._buf)
+    extent = [P, n_valid, n_elem]
+    _touch_write(dst._buf, _covers(dop, extent, dst._buf.numel))
+    instr = Instr(3, extent, dop, [sop, iop], line=t.line())
+    instr.extra = (S, K)
+    return t.add(instr)

@@ -429,3 +429,256 @@ def max8(src=None, mask=None, dtype=None, dst=None, **_):
             work = nl.where(nl.equal(pos, first), -np.inf, work)
     return out
 
+
+
+def _dst_first(name, args, kwargs, params):
+    """(dst, values of params) of a call whose Beta 1 form takes `params` (positionally or by
+    name) and whose 0.x form puts the destination first (or passes dst=)."""
+    dst = kwargs.pop("dst", None)
+    given = sum(1 for p in params if p in kwargs)
+    if dst is None and len(args) + given > len(params):
+        dst, args = args[0], args[1:]
+    values = dict(zip(params, args))
+    for p in params:
+        if p in kwargs:
+            if p in values:
+                fail(f"nisa.{name}: {p} given twice")
+            values[p] = kwargs.pop(p)
+    missing = [p for p in params if p not in values]
+    if missing:
+        fail(f"nisa.{name}: missing {', '.join(missing)}")
+    return dst, [values[p] for p in params]
+
+
+def _flat(t, name, what):
+    """t as [partitions, free elements] (a view of the same elements)."""
+    if not isinstance(t, NkiTensor):
+        fail(f"nisa.{name}: {what} must be a tile, got {type(t).__name__}")
+    if t.ndim == 2:
+        return t
+    free = int(np.prod(t.shape[1:], dtype=np.int64)) if t.ndim > 1 else 1
+    return t.reshape((t.shape[0], free))
+
+
+def _column(t, p):
+    """A tile of one value per partition ([p], [p, 1], [p, 1, 1] ...) as a [p, 1] view."""
+    checks = [(c, (k[0], 0), n, a) for c, k, n, a in t.checks]
+    return NkiTensor(t._buf, t.offset, (p, 1), (t.strides[0], 0), checks)
+
+
+def nc_find_index8(*args, mask=None, dtype=None, **kwargs):
+    """The position (flattened free index, from 0) of the first occurrence of each of the 8
+    values per partition of `vals` in `data` ([P, 8], uint32 by default or uint16), compared in
+    float32; a mask applies to `data` only. Beta 1: nc_find_index8(data=, vals=); 0.x:
+    nc_find_index8(dst, data, vals). NOTE: a value absent from data (undefined on hardware)
+    gives the number of elements per partition, an index out of range."""
+    dst, (data, vals) = _dst_first("nc_find_index8", args, kwargs, ("data", "vals"))
+    if mask is not None and data.ndim != 2:
+        fail(f"nisa.nc_find_index8: a mask needs a 2-D data tile, got {list(data.shape)}")
+    x = _rows(data, "nc_find_index8", "data")
+    p, f = x.shape
+    v = _flat(vals, "nc_find_index8", "vals")
+    if v.shape[0] != p or v.shape[1] != 8:
+        fail(f"nisa.nc_find_index8: vals {list(vals.shape)} must hold 8 values per partition "
+             f"for each of data's {p} partitions")
+    dt = dst._buf.dtype if dst is not None else _trace.dtype_name(dtype or "uint32")
+    if dt not in ("uint16", "uint32"):
+        fail(f"nisa.nc_find_index8: the result is uint16 or uint32, not {dt}")
+    out = _flat(_out(dst, (p, 8), dt), "nc_find_index8", "dst")
+    if tuple(out.shape) != (p, 8):
+        fail(f"nisa.nc_find_index8: dst {list(out.shape)} must be [{p}, 8]")
+    found = new_buffer((p, 8), "float32", "sbuf")
+    _emit.copy_into(found, float(f))
+    position = IndexExpr((p, f), 0, (0, 1))
+    for k in range(8):
+        e = Expr()
+        hit = e.op("equal", e.src(x), e.src(v[:, k:k + 1]))
+        first = e.op("select", hit, e.src(position), e.src(float(f)))
+        reduce_into(found[:, k:k + 1], (p, f), [1], e, first, "minimum", keepdims=True,
+                    mask=mask)
+    _emit.copy_into(out, found)
+    return out if dst is None else None
+
+
+def _is_operator(x) -> bool:
+    return callable(x) or isinstance(x, str)
+
+
+def tensor_tensor_scan(*args, dtype=None, mask=None, **kwargs):
+    """Per partition, along the (flattened) free axis: result[:, 0] = op1(op0(data0[:, 0],
+    initial), data1[:, 0]), result[:, i] = op1(op0(data0[:, i], result[:, i - 1]), data1[:, i])
+    in float32, each result as stored in the output dtype (the numpy model NKI documents);
+    reverse0 / reverse1 swap op0's / op1's operands. initial: a number or a tile of one value
+    per partition. Beta 1 returns the result; 0.x: tensor_tensor_scan(dst, data0, ...). Runs
+    in the executor (no Python per element)."""
+    params = ("data0", "data1", "initial", "op0", "op1", "reverse0", "reverse1")
+    dst = kwargs.pop("dst", None)
+    if dst is None and len(args) >= 4 and not _is_operator(args[3]):
+        dst, args = args[0], args[1:]  # 0.x: the operators come one place later
+    values = dict(zip(params, args))
+    values.update({k: kwargs.pop(k) for k in params if k in kwargs})
+    for p in params[:5]:
+        if p not in values:
+            fail(f"nisa.tensor_tensor_scan: missing {p}")
+    a = _flat(values["data0"], "tensor_tensor_scan", "data0")
+    b = _flat(values["data1"], "tensor_tensor_scan", "data1")
+    if a.shape != b.shape:
+        fail(f"nisa.tensor_tensor_scan: data0 {list(values['data0'].shape)} and data1 "
+             f"{list(values['data1'].shape)} need the same partitions and elements per partition")
+    if a._buf.kind == "psum" and b._buf.kind == "psum":
+        fail("nisa.tensor_tensor_scan: data0 and data1 cannot both be in PSUM")
+    p, f = a.shape
+    initial = values["initial"]
+    if isinstance(initial, NkiTensor):
+        if initial.shape[0] != p or initial.size != p:
+            fail(f"nisa.tensor_tensor_scan: initial {list(initial.shape)} must be one value per "
+                 f"partition ([{p}, 1]) or a number")
+        initial = _column(initial, p)
+    elif not isinstance(initial, (int, float, np.number)):
+        fail(f"nisa.tensor_tensor_scan: initial must be a number or a [{p}, 1] tile")
+    op0 = _op_name(values["op0"], 2)
+    op1 = _op_name(values["op1"], 2)
+    dt = dtype or _trace.promote(a._buf.dtype, b._buf.dtype)
+    out = _out(dst, values["data0"].shape, dt)
+    out2 = _flat(out, "tensor_tensor_scan", "dst")
+    if tuple(out2.shape) != (p, f):
+        fail(f"nisa.tensor_tensor_scan: dst {list(out.shape)} must hold {f} elements in each of "
+             f"{p} partitions")
+    e = Expr()
+    x0, x1, carry = e.src(a), e.src(b), e.src(initial)
+    t = e.op(op0, *((carry, x0) if values.get("reverse0", False) else (x0, carry)))
+    r = e.op(op1, *((x1, t) if values.get("reverse1", False) else (t, x1)))
+    emit(out2, (p, f), e, r, mask=mask, kind=2)
+    return out if dst is None else None
+
+
+def _vector_accumulator(p):
+    """The Vector Engine's per-partition accumulator registers (select_reduce's reduce_cmd), as
+    a float32 [p, 1] view of a hidden tile the trace holds; None until an instruction resets
+    them."""
+    t = _trace.current()
+    acc = getattr(t, "vector_acc", None)
+    return None if acc is None else acc[0:p, :]
+
+
+def select_reduce(*args, mask=None, **kwargs):
+    """dst = where(predicate (negated by reverse_pred), on_true, on_false), on_false a number or
+    a [P, 1] tile; with reduce_cmd reset_reduce / reduce the engine's accumulators take the max
+    of dst per partition (reset first / on top of what they hold) and reduce_res (a [P, 1]
+    float tile) receives them. 0.x: select_reduce(dst, predicate, on_true, on_false, ...);
+    Beta 1 returns dst."""
+    reduce_res = kwargs.pop("reduce_res", None)
+    cmd = kwargs.pop("reduce_cmd", reduce_cmd.idle)
+    rop = kwargs.pop("reduce_op", None)
+    reverse = kwargs.pop("reverse_pred", False)
+    dtype = kwargs.pop("dtype", None)
+    dst, (pred, on_true, on_false) = _dst_first(
+        "select_reduce", args, kwargs, ("predicate", "on_true", "on_false"))
+    if rop is not None and _op_name(rop, 2) != "maximum":
+        fail("nisa.select_reduce: reduce_op must be nl.maximum (the only one it supports)")
+    if pred.shape[0] != on_true.shape[0] or pred.size != on_true.size:
+        fail(f"nisa.select_reduce: predicate {list(pred.shape)} and on_true "
+             f"{list(on_true.shape)} need the same partitions and elements per partition")
+    if pred._buf.dtype not in ("int8", "uint8", "int16", "uint16"):
+        fail(f"nisa.select_reduce: predicate dtype {pred._buf.dtype}; it must be int8, uint8, "
+             f"int16 or uint16")
+    if on_true._buf.dtype in ("int32", "uint32"):
+        fail(f"nisa.select_reduce: on_true dtype {on_true._buf.dtype} is not supported")
+    if pred._buf.kind == "psum" and on_true._buf.kind == "psum":
+        fail("nisa.select_reduce: predicate and on_true cannot both be in PSUM")
+    p = on_true.shape[0]
+    if isinstance(on_false, NkiTensor) and (on_false.shape[0] != p or on_false.size != p):
+        fail(f"nisa.select_reduce: on_false {list(on_false.shape)} must be a number or a "
+             f"[{p}, 1] tile")
+    x = _flat(on_true, "select_reduce", "on_true")
+    f = x.shape[1]
+    out = _out(dst, on_true.shape, dtype or on_true.dtype)
+    out2 = _flat(out, "select_reduce", "dst")
+    if tuple(out2.shape) != (p, f):
+        fail(f"nisa.select_reduce: dst {list(out.shape)} must match on_true "
+             f"{list(on_true.shape)}")
+    if isinstance(on_false, NkiTensor):
+        on_false = _column(on_false, p)
+    e = Expr()
+    cond = e.src(_flat(pred, "select_reduce", "predicate"))
+    if reverse:
+        cond = e.op("logical_not", cond)
+    emit(out2, (p, f), e, e.op("select", cond, e.src(x), e.src(on_false)), mask=mask)
+    cmd = reduce_cmd(int(cmd))
+    if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce, reduce_cmd.reduce):
+        t = _trace.current()
+        if cmd != reduce_cmd.reduce or getattr(t, "vector_acc", None) is None:
+            if cmd == reduce_cmd.reduce:
+                fail("nisa.select_reduce: reduce_cmd=reduce continues an accumulation that no "
+                     "instruction of this kernel started; use reduce_cmd.reset_reduce first")
+            if getattr(t, "vector_acc", None) is None:
+                t.vector_acc = new_buffer((_trace.PMAX, 1), "float32", "sbuf")
+            _emit.copy_into(t.vector_acc[0:p, :], -np.inf)
+        if cmd != reduce_cmd.reset:
+            e = Expr()
+            reduce_into(t.vector_acc[0:p, :], (p, f), [1], e, e.src(out2), "maximum",
+                        keepdims=True, mask=mask, accumulate="maximum")
+    if reduce_res is not None:
+        acc = _vector_accumulator(p)
+        if acc is None:
+            fail("nisa.select_reduce: reduce_res with reduce_cmd=idle reads accumulators no "
+                 "instruction of this kernel set; pass reduce_cmd=nisa.reduce_cmd.reset_reduce")
+        if reduce_res.shape[0] != p or reduce_res.size != p or \
+                not _trace.is_float(reduce_res._buf.dtype):
+            fail(f"nisa.select_reduce: reduce_res {list(reduce_res.shape)} "
+                 f"{reduce_res._buf.dtype} must be a float [{p}, 1] tile")
+        _emit.copy_into(_column(reduce_res, p), acc)
+    return out if dst is None else None
+
+
+_GATHER_ELEMS = (1, 2, 4, 8, 16, 32)
+
+
+def local_gather(*args, mask=None, **kwargs):
+    """Per GpSimd core (16 partitions): its index block [16, K] (uint16) read column by column
+    (numpy order='F'), the first num_valid_indices of them (default 16 * K); every partition of
+    the core takes num_elem_per_idx contiguous elements of its own (flattened) source row from
+    each index: out[p, j, :] = src[p, i_j : i_j + num_elem_per_idx]. dtype as the source. Beta
+    1: local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None) returns
+    [P, K, 16, n] when every index is valid, else [P, num_valid_indices, n]; 0.x:
+    local_gather(dst, src_buffer, index, ...). An index past the source fails when the kernel
+    runs (undefined on hardware)."""
+    dst = kwargs.pop("dst", None)
+    if dst is None and len(args) >= 3 and isinstance(args[2], NkiTensor):
+        dst, args = args[0], args[1:]
+    params = ("src_buffer", "index", "num_elem_per_idx", "num_valid_indices")
+    values = {"num_elem_per_idx": 1, "num_valid_indices": None, **dict(zip(params, args))}
+    values.update({k: kwargs.pop(k) for k in params if k in kwargs})
+    if "src_buffer" not in values or "index" not in values:
+        fail("nisa.local_gather: missing src_buffer or index")
+    if mask is not None:
+        fail("nisa.local_gather: a mask is not supported here")
+    src = _flat(values["src_buffer"], "local_gather", "src_buffer")
+    index = _flat(values["index"], "local_gather", "index")
+    n_elem = int(values["num_elem_per_idx"])
+    p, k = index.shape
+    if src.shape[0] != p or p % 16:
+        fail(f"nisa.local_gather: src_buffer {list(values['src_buffer'].shape)} and index "
+             f"{list(values['index'].shape)} need the same partitions, a multiple of 16")
+    if index._buf.dtype != "uint16":
+        fail(f"nisa.local_gather: index dtype {index._buf.dtype}; indices are uint16")
+    if n_elem not in _GATHER_ELEMS:
+        fail(f"nisa.local_gather: num_elem_per_idx {n_elem} must be one of {list(_GATHER_ELEMS)}")
+    n_valid = values["num_valid_indices"]
+    n_valid = 16 * k if n_valid is None else int(n_valid)
+    if not 1 <= n_valid <= min(16 * k, 4096):
+        fail(f"nisa.local_gather: num_valid_indices {n_valid} must be 1 to {min(16 * k, 4096)} "
+             f"(16 partitions x {k} indices per core, at most 4096)")
+    if n_elem > src.shape[1]:
+        fail(f"nisa.local_gather: num_elem_per_idx {n_elem} exceeds the source's "
+             f"{src.shape[1]} elements per partition")
+    shape = (p, k, 16, n_elem) if n_valid == 16 * k else (p, n_valid, n_elem)
+    out = _out(dst, shape, src.dtype)
+    if out._buf.dtype != src._buf.dtype:
+        fail(f"nisa.local_gather: dst dtype {out._buf.dtype} differs from the source's "
+             f"{src._buf.dtype}; the gather does not convert")
+    if out.shape[0] != p or out.size != p * n_valid * n_elem:
+        fail(f"nisa.local_gather: dst {list(out.shape)} must hold {n_valid} x {n_elem} elements "
+             f"in each of {p} partitions")
+    _emit.emit_gather(out.reshape((p, n_valid, n_elem)), src, index, n_valid, n_elem)
+    return out if dst is None else None

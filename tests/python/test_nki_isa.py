@@ -263,3 +263,233 @@ def test_max8_both_generations_with_repeats():
     np.testing.assert_array_equal(h, want.astype(np.float16))
     with pytest.raises(nki.NkiError, match="max8: src has 4 elements per partition"):
         run(lambda t: nisa.max8(src=t), rand(128, 4))
+
+
+def find_ref(x, vals):
+    """The first position of each value in its partition's row."""
+    return np.array([[np.nonzero(x[p] == v)[0][0] for v in vals[p]] for p in range(len(x))])
+
+
+def test_nc_find_index8_both_generations():
+    x = rand(128, 100)
+    x[:, 5] = x[:, 70] = 9.0  # both places of a repeated value name its first occurrence
+    want = find_ref(x, -np.sort(-x, axis=1)[:, :8])
+    assert (want[:, :2] == 5).all()
+    got = run(lambda t: nisa.nc_find_index8(data=t, vals=nisa.max8(src=t)), x)
+    assert got.dtype == np.uint32
+    np.testing.assert_array_equal(got, want)
+    got16 = run(lambda t: nisa.nc_find_index8(data=t, vals=nisa.max8(src=t), dtype=nl.uint16), x)
+    assert got16.dtype == np.uint16
+    np.testing.assert_array_equal(got16, want)
+
+    def body(d, t):
+        m = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.max8(m, t)
+        return nisa.nc_find_index8(d, t, m)
+
+    np.testing.assert_array_equal(run_dst(body, (128, 8), x, dtype=nl.uint32), want)
+    np.testing.assert_array_equal(
+        run_dst(lambda d, t: nisa.nc_find_index8(dst=d, data=t, vals=nisa.max8(src=t)), (128, 8),
+                x, dtype=nl.uint16), want)
+    y = rand(64, 4, 5)  # free axes flattened; vals [64, 2, 4]
+    vals = np.sort(y.reshape(64, 20), axis=1)[:, 3:11].reshape(64, 2, 4).copy()
+    want_y = find_ref(y.reshape(64, 20), vals.reshape(64, 8))
+    np.testing.assert_array_equal(run(lambda t, v: nisa.nc_find_index8(data=t, vals=v), y, vals),
+                                  want_y)
+
+
+def test_nc_find_index8_mask_and_limits():
+    x = rand(128, 64)
+    vals = np.stack([x[:, 10], x[:, 40]] * 4, axis=1).copy()
+    _, i_f = nl.mgrid[0:128, 0:64]
+    # lanes f < 32 only: column 40 is not found (the element count, 64)
+    got = run(lambda t, v: nisa.nc_find_index8(data=t, vals=v, mask=(i_f < 32)), x, vals)
+    np.testing.assert_array_equal(got, np.tile([10, 64], (128, 4)))
+    with pytest.raises(nki.NkiError, match="uint16 or uint32, not int32") as e:
+        run(lambda t, v: nisa.nc_find_index8(data=t, vals=v, dtype=nl.int32), x, vals)
+    assert "test_nki_isa.py:" in str(e.value)
+    with pytest.raises(nki.NkiError, match="8 values per partition"):
+        run(lambda t, v: nisa.nc_find_index8(data=t, vals=v), x, vals[:, :7].copy())
+    with pytest.raises(nki.NkiError, match="data has 4 elements per partition"):
+        run(lambda t, v: nisa.nc_find_index8(data=t, vals=v), rand(128, 4), vals)
+
+
+def scan_ref(a, b, initial, op0, op1, reverse0=False, reverse1=False, dtype=np.float32):
+    """NKI's documented numpy model; each result rounded to the output dtype."""
+    out = np.empty(a.shape, dtype=dtype)
+    prev = np.broadcast_to(np.asarray(initial, np.float32).reshape(-1), a.shape[:1])
+    for i in range(a.shape[1]):
+        t = op0(prev, a[:, i]) if reverse0 else op0(a[:, i], prev)
+        out[:, i] = (op1(b[:, i], t) if reverse1 else op1(t, b[:, i])).astype(np.float32)
+        prev = out[:, i].astype(np.float32)
+    return out
+
+
+def test_tensor_tensor_scan_the_published_example():
+    a, b = rand(128, 1024, lo=0, hi=1), rand(128, 1024, lo=0, hi=1)
+
+    @nki.jit
+    def k(a_tensor, b_tensor):
+        c_tensor = nl.ndarray(a_tensor.shape, dtype=a_tensor.dtype, buffer=nl.shared_hbm)
+        x, y = nl.load(a_tensor), nl.load(b_tensor)
+        c = nl.ndarray(shape=(128, 1024), dtype=nl.float32)
+        c[:, 0:512] = nisa.tensor_tensor_scan(x[:, 0:512], y[:, 0:512], initial=0,
+                                              op0=np.multiply, op1=np.add)
+        c[:, 512:1024] = nisa.tensor_tensor_scan(x[:, 512:1024], y[:, 512:1024],
+                                                 initial=c[:, 511], op0=np.multiply, op1=np.add)
+        nl.store(c_tensor, c)
+        return c_tensor
+
+    np.testing.assert_array_equal(k(a, b), scan_ref(a, b, 0.0, np.multiply, np.add))
+
+
+def test_tensor_tensor_scan_forms_ops_and_dtypes():
+    a, b, init = rand(96, 40), rand(96, 40), rand(96, 1)
+    want = scan_ref(a, b, init, np.subtract, np.maximum, reverse0=True)
+    np.testing.assert_array_equal(
+        run(lambda x, y, i: nisa.tensor_tensor_scan(x, y, i, nl.subtract, nl.maximum,
+                                                    reverse0=True), a, b, init), want)
+    np.testing.assert_array_equal(  # 0.x, positional, reverse1
+        run_dst(lambda d, x, y: nisa.tensor_tensor_scan(d, x, y, 0.5, np.add, np.subtract, False,
+                                                        True), (96, 40), a, b),
+        scan_ref(a, b, 0.5, np.add, np.subtract, reverse1=True))
+    h = run(lambda x, y: nisa.tensor_tensor_scan(x, y, 1.0, np.multiply, np.add,
+                                                 dtype=nl.float16), a, b)
+    assert h.dtype == np.float16  # the carry is the float16 result, as the numpy model reads it
+    np.testing.assert_array_equal(h, scan_ref(a, b, 1.0, np.multiply, np.add, dtype=np.float16))
+    a3, b3 = rand(32, 4, 6), rand(32, 4, 6)  # free axes flattened
+    np.testing.assert_array_equal(
+        run(lambda x, y: nisa.tensor_tensor_scan(x, y, 0.0, np.add, np.add), a3, b3),
+        scan_ref(a3.reshape(32, 24), b3.reshape(32, 24), 0.0, np.add, np.add).reshape(32, 4, 6))
+
+
+def test_tensor_tensor_scan_mask_and_limits():
+    a, b = rand(128, 16), rand(128, 16)
+    i_p, i_f = nl.mgrid[0:128, 0:16]
+
+    @nki.jit
+    def k(x, y):
+        out = nl.full((128, 16), -5.0, dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.full((128, 16), -5.0, dtype=nl.float32)
+        t[...] = nisa.tensor_tensor_scan(nl.load(x), nl.load(y), 0.0, np.add, np.add,
+                                         mask=(i_p < 64) & (i_f >= 4))
+        nl.store(out, t)
+        return out
+
+    got = k(a, b)
+    want = np.full((128, 16), np.nan, np.float32)  # the unwritten lanes of the result tile
+    want[:64, 4:] = scan_ref(a[:64, 4:], b[:64, 4:], 0.0, np.add, np.add)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(nki.NkiError, match="same partitions and elements") as e:
+        run(lambda x, y: nisa.tensor_tensor_scan(x, y, 0.0, np.add, np.add), a, rand(128, 8))
+    assert "test_nki_isa.py:" in str(e.value)
+    with pytest.raises(nki.NkiError, match="one value per partition"):
+        run(lambda x, y: nisa.tensor_tensor_scan(x, y, y, np.add, np.add), a, b)
+    with pytest.raises(nki.NkiError, match="unsupported binary operator"):
+        run(lambda x, y: nisa.tensor_tensor_scan(x, y, 0.0, np.exp, np.add), a, b)
+
+
+def test_select_reduce_both_generations_and_accumulators():
+    pred = (RNG.uniform(size=(128, 64)) > 0.5).astype(np.uint8)
+    x, x2, fill = rand(128, 64), rand(128, 64), rand(128, 1)
+    sel = np.where(pred != 0, x, -3.0)
+    np.testing.assert_array_equal(
+        run(lambda p, t: nisa.select_reduce(p, t, -3.0), pred, x), sel)
+    np.testing.assert_array_equal(  # reverse_pred, a [P, 1] on_false, 0.x
+        run_dst(lambda d, p, t, f: nisa.select_reduce(d, p, t, f, reverse_pred=True), (128, 64),
+                pred, x, fill), np.where(pred == 0, x, fill))
+
+    @nki.jit
+    def k(p_in, a_in, b_in):
+        p, a, b = nl.load(p_in), nl.load(a_in), nl.load(b_in)
+        d = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        r1 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        r2 = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.select_reduce(d, p, a, -9.0, reduce_res=r1,
+                           reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_op=nl.maximum)
+        nisa.select_reduce(d, p, b, -9.0, reduce_res=r2, reduce_cmd=nisa.reduce_cmd.reduce)
+        out = nl.ndarray((128, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:1], r1)
+        nl.store(out[:, 1:2], r2)
+        return out
+
+    got = k(pred, x, x2)
+    m1 = np.where(pred != 0, x, -9.0).max(axis=1)
+    np.testing.assert_array_equal(got[:, 0], m1)
+    np.testing.assert_array_equal(got[:, 1], np.maximum(m1, np.where(pred != 0, x2, -9.0).max(1)))
+
+
+def test_select_reduce_limits():
+    pred, x = np.ones((128, 8), np.uint8), rand(128, 8)
+
+    def with_res(cmd, **kw):
+        def body(p, t):
+            r = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.select_reduce(p, t, 0.0, reduce_res=r, reduce_cmd=cmd, **kw)
+            return r
+        return body
+
+    with pytest.raises(nki.NkiError, match="reduce_cmd=idle") as e:
+        run(with_res(nisa.reduce_cmd.idle), pred, x)
+    assert "test_nki_isa.py:" in str(e.value)
+    with pytest.raises(nki.NkiError, match="no instruction of this kernel started"):
+        run(with_res(nisa.reduce_cmd.reduce), pred, x)
+    with pytest.raises(nki.NkiError, match="reduce_op must be nl.maximum"):
+        run(with_res(nisa.reduce_cmd.reset_reduce, reduce_op=nl.add), pred, x)
+    with pytest.raises(nki.NkiError, match="predicate dtype float32"):
+        run(lambda p, t: nisa.select_reduce(p, t, 0.0), x, x)
+
+
+def gather_ref(src, index, n_elem, n_valid):
+    p = src.shape[0]
+    flat = src.reshape(p, -1)
+    out = np.empty((p, n_valid, n_elem), src.dtype)
+    for c in range(p // 16):
+        idx = index[16 * c:16 * c + 16].flatten(order="F")[:n_valid]
+        for j, i in enumerate(idx):
+            out[16 * c:16 * c + 16, j] = flat[16 * c:16 * c + 16, int(i):int(i) + n_elem]
+    return out
+
+
+def test_local_gather_the_published_example():
+    src = RNG.random((128, 512, 4)).astype(np.float32)
+    index = np.tile(RNG.integers(0, 512, size=(16, 4), dtype=np.uint16), (8, 1))
+
+    @nki.jit
+    def k(src_buffer, index, num_elem_per_idx, num_valid_indices, output_shape):
+        output = nl.ndarray(output_shape, dtype=src_buffer.dtype, buffer=nl.shared_hbm)
+        o = nisa.local_gather(nl.load(src_buffer), nl.load(index), num_elem_per_idx,
+                              num_valid_indices)
+        nl.store(output, o)
+        return output
+
+    got = k(src, index * 4, 4, 64, (128, 4, 16, 4))
+    np.testing.assert_array_equal(got, gather_ref(src, index * 4, 4, 64).reshape(128, 4, 16, 4))
+
+
+def test_local_gather_cores_valid_count_and_0x():
+    src = rand(32, 40)
+    index = RNG.integers(0, 39, size=(32, 3)).astype(np.uint16)  # two cores, own indices
+    got = run(lambda s, i: nisa.local_gather(s, i, num_elem_per_idx=2, num_valid_indices=37),
+              src, index)
+    np.testing.assert_array_equal(got, gather_ref(src, index, 2, 37))
+    np.testing.assert_array_equal(
+        run_dst(lambda d, s, i: nisa.local_gather(d, s, i, 1), (32, 48), src, index),
+        gather_ref(src, index, 1, 48).reshape(32, 48))
+
+
+def test_local_gather_limits():
+    src, index = rand(32, 40), np.zeros((32, 2), np.uint16)
+    with pytest.raises(nki.NkiError, match="indices are uint16") as e:
+        run(lambda s, i: nisa.local_gather(s, i), src, index.astype(np.int32))
+    assert "test_nki_isa.py:" in str(e.value)
+    with pytest.raises(nki.NkiError, match="num_elem_per_idx 3 must be one of"):
+        run(lambda s, i: nisa.local_gather(s, i, 3), src, index)
+    with pytest.raises(nki.NkiError, match="a multiple of 16"):
+        run(lambda s, i: nisa.local_gather(s, i), rand(24, 40), index[:24].copy())
+    with pytest.raises(nki.NkiError, match="num_valid_indices 33 must be 1 to 32"):
+        run(lambda s, i: nisa.local_gather(s, i, 1, 33), src, index)
+    bad = index.copy()
+    bad[20, 1] = 39  # core 1, index 20: two elements from 39 leave the 40 of a partition
+    with pytest.raises(RuntimeError, match=r"test_nki_isa.py:\d+: .*local_gather index 39"):
+        run(lambda s, i: nisa.local_gather(s, i, 2), src, bad)
