@@ -34,10 +34,17 @@ _Engine = engine
 
 
 class reduce_cmd(enum.IntEnum):
+    """What an instruction does to its engine's accumulator registers (select_reduce,
+    range_select, tensor_scalar_reduce: the Vector Engine's; activation: the Scalar Engine's)."""
+
     idle = 0
     reset = 1
     reduce = 2
     reset_reduce = 3
+    load_reduce = 4
+
+
+_ReduceCmd = reduce_cmd
 
 
 class dge_mode(enum.IntEnum):
@@ -54,6 +61,9 @@ class nc_version(enum.IntEnum):
 
 def get_nc_version():
     return nc_version.gen3
+
+
+fp32 = nl.fp32
 
 
 _NUMPY_OPS = {"true_divide": "divide", "absolute": "abs", "negative": "neg", "fmod": "mod",
@@ -168,13 +178,32 @@ def _activation_expr(op, data, bias, scale):
 def activation(op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=None, mask=None, dtype=None, dst=None, **_):
     """op(data * scale + bias); scale a number or a [P, 1] tile, bias a [P, 1] tile. With
-    reduce_res, also its reduction (reduce_op, add by default) along the free axes."""
+    reduce_cmd idle (the default) and reduce_res, reduce_res receives this call's reduction
+    (reduce_op, add by default) along the free axes. Otherwise the Scalar Engine's reduce_regs:
+    reset / reset_reduce zero them, reduce / reset_reduce add this call's reduction (reduce_op)
+    on top, and reduce_res receives them."""
     S = broadcast_shape(data, bias) if bias is not None else data.shape
     out = _out(dst, S, _float_dtype(data, dtype))
     e, r = _activation_expr(op, data, bias, scale)
     emit(out, S, e, r, mask=mask)
+    cmd = _ReduceCmd(int(reduce_cmd or 0))
+    if cmd == _ReduceCmd.idle:
+        if reduce_res is not None:
+            _reduce_free(reduce_res, S, op, data, bias, scale, reduce_op, mask)
+        return out
+    if cmd == _ReduceCmd.load_reduce:
+        fail("nisa.activation: reduce_cmd load_reduce is not an activation command (idle, reset, "
+             "reduce or reset_reduce)")
+    rop = _op_name(reduce_op, 2) if reduce_op is not None else "add"
+    if rop not in ("add", "multiply", "maximum", "minimum"):
+        fail(f"nisa.activation: reduce_op {rop}; it must be nl.add, nl.multiply, nl.max or nl.min")
+    if cmd != _ReduceCmd.reduce and rop != "add":  # reduce_regs reset to zero, as documented
+        fail(f"nisa.activation: reduce_cmd {cmd.name} resets reduce_regs to zero, which only "
+             f"nl.add accumulates onto; use reduce_op=nl.add")
+    e, r = _activation_expr(op, data, bias, scale)
+    _vector.accumulate("activation", S, e, r, rop, cmd, mask=mask, regs="scalar_acc")
     if reduce_res is not None:
-        _reduce_free(reduce_res, S, op, data, bias, scale, reduce_op, mask)
+        _vector.read_accumulators("activation", reduce_res, S[0], regs="scalar_acc")
     return out
 
 
@@ -552,15 +581,6 @@ def tensor_tensor_scan(*args, dtype=None, mask=None, **kwargs):
     return out if dst is None else None
 
 
-def _vector_accumulator(p):
-    """The Vector Engine's per-partition accumulator registers (select_reduce's reduce_cmd), as
-    a float32 [p, 1] view of a hidden tile the trace holds; None until an instruction resets
-    them."""
-    t = _trace.current()
-    acc = getattr(t, "vector_acc", None)
-    return None if acc is None else acc[0:p, :]
-
-
 def select_reduce(*args, mask=None, **kwargs):
     """dst = where(predicate (negated by reverse_pred), on_true, on_false), on_false a number or
     a [P, 1] tile; with reduce_cmd reset_reduce / reduce the engine's accumulators take the max
@@ -604,30 +624,17 @@ def select_reduce(*args, mask=None, **kwargs):
     if reverse:
         cond = e.op("logical_not", cond)
     emit(out2, (p, f), e, e.op("select", cond, e.src(x), e.src(on_false)), mask=mask)
+    res_dtype = getattr(getattr(reduce_res, "_buf", None), "dtype", None)
+    if reduce_res is not None and not _trace.is_float(res_dtype or ""):
+        fail(f"nisa.select_reduce: reduce_res dtype {res_dtype}; it must be a float dtype")
     cmd = reduce_cmd(int(cmd))
-    if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce, reduce_cmd.reduce):
-        t = _trace.current()
-        if cmd != reduce_cmd.reduce or getattr(t, "vector_acc", None) is None:
-            if cmd == reduce_cmd.reduce:
-                fail("nisa.select_reduce: reduce_cmd=reduce continues an accumulation that no "
-                     "instruction of this kernel started; use reduce_cmd.reset_reduce first")
-            if getattr(t, "vector_acc", None) is None:
-                t.vector_acc = new_buffer((_trace.PMAX, 1), "float32", "sbuf")
-            _emit.copy_into(t.vector_acc[0:p, :], -np.inf)
-        if cmd != reduce_cmd.reset:
-            e = Expr()
-            reduce_into(t.vector_acc[0:p, :], (p, f), [1], e, e.src(out2), "maximum",
-                        keepdims=True, mask=mask, accumulate="maximum")
+    if cmd == reduce_cmd.load_reduce:
+        fail("nisa.select_reduce: reduce_cmd load_reduce is not supported by select_reduce "
+             "(idle, reset, reduce or reset_reduce)")
+    e = Expr()
+    _vector.accumulate("select_reduce", (p, f), e, e.src(out2), "maximum", cmd, mask=mask)
     if reduce_res is not None:
-        acc = _vector_accumulator(p)
-        if acc is None:
-            fail("nisa.select_reduce: reduce_res with reduce_cmd=idle reads accumulators no "
-                 "instruction of this kernel set; pass reduce_cmd=nisa.reduce_cmd.reset_reduce")
-        if reduce_res.shape[0] != p or reduce_res.size != p or \
-                not _trace.is_float(reduce_res._buf.dtype):
-            fail(f"nisa.select_reduce: reduce_res {list(reduce_res.shape)} "
-                 f"{reduce_res._buf.dtype} must be a float [{p}, 1] tile")
-        _emit.copy_into(_column(reduce_res, p), acc)
+        _vector.read_accumulators("select_reduce", reduce_res, p)
     return out if dst is None else None
 
 
@@ -682,3 +689,13 @@ def local_gather(*args, mask=None, **kwargs):
              f"in each of {p} partitions")
     _emit.emit_gather(out.reshape((p, n_valid, n_elem)), src, index, n_valid, n_elem)
     return out if dst is None else None
+
+
+# NOTE: imported last: these modules use the helpers above.
+from openneuron.nki import _isa_vector as _vector
+from openneuron.nki._isa_vector import (  # noqa: F401
+    nc_match_replace8,
+    range_select,
+    tensor_copy_predicated,
+    tensor_scalar_reduce,
+)

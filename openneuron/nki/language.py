@@ -67,6 +67,13 @@ class tile_size:
     total_available_sbuf_size = _trace.SBUF_PARTITION_BYTES
 
 
+class fp32:
+    """float32 constants: fp32.min is the most negative float32 (bit pattern 0xff7fffff), the
+    fill value nisa.range_select requires."""
+
+    min = float(np.finfo(np.float32).min)
+
+
 class par_dim(int):
     """Marks the partition dimension in a shape: nl.ndarray((nl.par_dim(128), 512), ...)."""
 
