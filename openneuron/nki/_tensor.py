@@ -221,6 +221,22 @@ def arange(start, stop=None, step=1) -> IndexExpr:
     return IndexExpr((n,), start, (step,))
 
 
+class _Grid(tuple):
+    """nl.mgrid's index expressions; a 2-D grid also names them .p (partition) and .x (free), as
+    NKI's examples read them."""
+
+    @property
+    def p(self):
+        return self[0]
+
+    @property
+    def x(self):
+        if len(self) != 2:
+            fail(f"nl.mgrid(...).x names the free axis of a 2-D grid; this one has {len(self)} "
+                 f"axes: unpack it (i_p, i_a, i_b = nl.mgrid[...])")
+        return self[1]
+
+
 class _MGrid:
     def __getitem__(self, key):
         key = key if isinstance(key, tuple) else (key,)
@@ -237,7 +253,7 @@ class _MGrid:
             coefs = [0] * len(shape)
             coefs[d] = step
             out.append(IndexExpr(shape, start, coefs))
-        return tuple(out) if len(out) > 1 else out[0]
+        return _Grid(out) if len(out) > 1 else out[0]
 
 
 mgrid = _MGrid()

@@ -693,6 +693,7 @@ def local_gather(*args, mask=None, **kwargs):
 
 # NOTE: imported last: these modules use the helpers above.
 from openneuron.nki import _isa_vector as _vector
+from openneuron.nki._isa_move import dma_transpose, nc_stream_shuffle  # noqa: F401
 from openneuron.nki._isa_vector import (  # noqa: F401
     nc_match_replace8,
     range_select,
