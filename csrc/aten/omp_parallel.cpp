@@ -7,6 +7,7 @@
 // loads) with the same chunking as ATen's invoke_parallel.
 #include "aten/omp_parallel.h"
 
+#include <ATen/Config.h>
 #include <ATen/Parallel.h>
 #include <c10/util/ParallelGuard.h>
 #include <dlfcn.h>
@@ -18,6 +19,11 @@ void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned
 int omp_get_num_threads();
 int omp_get_thread_num();
 int omp_in_parallel();
+int omp_get_max_threads();
+void omp_set_num_threads(int n);
+#if AT_MKL_ENABLED()
+int MKL_Set_Num_Threads_Local(int n);  // MKL's own thread-local count; returns the previous
+#endif
 }
 
 namespace openneuron::aten {
@@ -66,6 +72,27 @@ void omp_release_pool() {
   constexpr int kPauseSoft = 1;  // omp_pause_soft
   // libgomp frees the calling thread's pool (gomp_pause_host); never inside a region
   if (pause_all != nullptr && !omp_in_parallel()) pause_all(kPauseSoft);
+}
+
+SerialScope::SerialScope(bool serial) {
+  if (!serial || omp_in_parallel()) return;
+  omp_threads_ = omp_get_max_threads();
+  if (omp_threads_ <= 1) {
+    omp_threads_ = 0;
+    return;
+  }
+  omp_set_num_threads(1);
+#if AT_MKL_ENABLED()
+  mkl_threads_ = MKL_Set_Num_Threads_Local(1);
+#endif
+}
+
+SerialScope::~SerialScope() {
+  if (omp_threads_ == 0) return;
+  omp_set_num_threads(omp_threads_);
+#if AT_MKL_ENABLED()
+  MKL_Set_Num_Threads_Local(mkl_threads_);  // 0: back to MKL's process-wide count
+#endif
 }
 
 void omp_parallel_for(int64_t begin, int64_t end, int64_t grain, runtime::ParallelBody body,

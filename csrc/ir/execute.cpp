@@ -205,6 +205,13 @@ int64_t product(const Space& sp, const DimList& dims) {
   return p;
 }
 
+// The iteration space's element count: the work runtime::parallel_for weighs.
+int64_t space_elements(const Space& sp) {
+  int64_t p = 1;
+  for (int d = 0; d < sp.nd; ++d) p *= sp.size[d];
+  return p;
+}
+
 int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Pointwise kernels and reductions whose innermost dim is not reduced (mode B): a tile over
@@ -235,45 +242,46 @@ void run_tiled(const Kernel& k, const Plan& plan, const Space& sp, int64_t r_tot
   // by its fixed share. Each tile is independent, so results do not depend on who ran it.
   int64_t nblocks = div_up(items, grain);
   std::atomic<int64_t> next_block{0};
-  runtime::parallel_for(0, std::min<int64_t>(nblocks, 64), 1, [&](int64_t, int64_t) {
-    Runner run(k, plan, sp, t_scratch, t.rows * t.cols);
-    int64_t* off = t_offsets.get(4 * static_cast<size_t>(sp.nops));
-    int64_t* roff = off + sp.nops;
-    for (int64_t blk; (blk = next_block.fetch_add(1, std::memory_order_relaxed)) < nblocks;) {
-      int64_t begin = blk * grain, end = std::min(items, begin + grain);
-      for (int64_t it = begin; it < end; ++it) {
-        int64_t ct = it % ncoltiles;
-        int64_t rt = (it / ncoltiles) % nrowtiles;
-        int64_t ol = it / ncoltiles / nrowtiles;
-        run.set_offsets(outer, ol, nullptr, off);
-        Tile tt = t;
-        tt.cols = std::min(t.cols, ncol - ct * t.cols);
-        for (int o = 0; o < sp.nops; ++o) off[o] += ct * t.cols * sp.st(t.col_dim, o);
-        if (t.row_dim >= 0) {
-          tt.rows = std::min(t.rows, sp.size[t.row_dim] - rt * t.rows);
-          for (int o = 0; o < sp.nops; ++o) off[o] += rt * t.rows * sp.st(t.row_dim, o);
+  runtime::parallel_for(
+      0, std::min<int64_t>(nblocks, 64), 1, space_elements(sp), [&](int64_t, int64_t) {
+        Runner run(k, plan, sp, t_scratch, t.rows * t.cols);
+        int64_t* off = t_offsets.get(4 * static_cast<size_t>(sp.nops));
+        int64_t* roff = off + sp.nops;
+        for (int64_t blk; (blk = next_block.fetch_add(1, std::memory_order_relaxed)) < nblocks;) {
+          int64_t begin = blk * grain, end = std::min(items, begin + grain);
+          for (int64_t it = begin; it < end; ++it) {
+            int64_t ct = it % ncoltiles;
+            int64_t rt = (it / ncoltiles) % nrowtiles;
+            int64_t ol = it / ncoltiles / nrowtiles;
+            run.set_offsets(outer, ol, nullptr, off);
+            Tile tt = t;
+            tt.cols = std::min(t.cols, ncol - ct * t.cols);
+            for (int o = 0; o < sp.nops; ++o) off[o] += ct * t.cols * sp.st(t.col_dim, o);
+            if (t.row_dim >= 0) {
+              tt.rows = std::min(t.rows, sp.size[t.row_dim] - rt * t.rows);
+              for (int o = 0; o < sp.nops; ++o) off[o] += rt * t.rows * sp.st(t.row_dim, o);
+            }
+            int64_t n = tt.rows * tt.cols;
+            if (!has_red) {
+              run.compute(plan.full, run.slots_full, tt, off);
+              run.store(plan.full, tt, off);
+              continue;
+            }
+            for (int r = 0; r < run.nred; ++r)
+              fill_identity(run.red_kind(r), run.red_op(r), run.acc_buf(r), n);
+            for (int64_t rl = 0; rl < r_total; ++rl) {
+              run.set_offsets(rdims, rl, off, roff);
+              run.compute(plan.full, run.slots_full, tt, roff);
+              run.accumulate_all(tt, false);
+              run.store(plan.full, tt, roff);
+            }
+            for (int r = 0; r < run.nred; ++r)
+              round_buffer(k.node(plan.reductions[r]).dtype, run.acc_buf(r), n);
+            run.compute(plan.reduced, run.slots_red, tt, off);
+            run.store(plan.reduced, tt, off);
+          }
         }
-        int64_t n = tt.rows * tt.cols;
-        if (!has_red) {
-          run.compute(plan.full, run.slots_full, tt, off);
-          run.store(plan.full, tt, off);
-          continue;
-        }
-        for (int r = 0; r < run.nred; ++r)
-          fill_identity(run.red_kind(r), run.red_op(r), run.acc_buf(r), n);
-        for (int64_t rl = 0; rl < r_total; ++rl) {
-          run.set_offsets(rdims, rl, off, roff);
-          run.compute(plan.full, run.slots_full, tt, roff);
-          run.accumulate_all(tt, false);
-          run.store(plan.full, tt, roff);
-        }
-        for (int r = 0; r < run.nred; ++r)
-          round_buffer(k.node(plan.reductions[r]).dtype, run.acc_buf(r), n);
-        run.compute(plan.reduced, run.slots_red, tt, off);
-        run.store(plan.reduced, tt, off);
-      }
-    }
-  });
+      });
 }
 
 // Reductions whose innermost dim is reduced (mode A): batches of up to kChunkElems positions
@@ -293,7 +301,7 @@ void run_split_reduction(const Kernel& k, const Plan& plan, const Space& sp, con
   const int64_t lane_bytes = kLanes * 8;
   std::vector<char> partials(static_cast<size_t>(nblocks * nred * lane_bytes));
   int cdim = sp.nd - 1;
-  runtime::parallel_for(0, nblocks, 1, [&](int64_t begin, int64_t end) {
+  runtime::parallel_for(0, nblocks, 1, space_elements(sp), [&](int64_t begin, int64_t end) {
     Runner run(k, plan, sp, t_scratch, kChunkElems);
     int64_t* roff = t_offsets.get(4 * static_cast<size_t>(sp.nops));
     int64_t* toff = roff + sp.nops;
@@ -377,7 +385,7 @@ void run_inner_reduction(const Kernel& k, const Plan& plan, const Space& sp) {
     run_split_reduction(k, plan, sp, router, rt, rrow, nrowtiles, ncoltiles, ntiles);
     return;
   }
-  runtime::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+  runtime::parallel_for(0, items, grain, space_elements(sp), [&](int64_t begin, int64_t end) {
     Runner run(k, plan, sp, t_scratch, kChunkElems);
     int64_t* off = t_offsets.get(4 * static_cast<size_t>(sp.nops));
     int64_t* poff = off + sp.nops;

@@ -141,7 +141,9 @@ void adam_step(const AdamConfig& c, const AdamTensor* tensors, size_t count) {
     for (int64_t b = 0; b < tensors[i].numel; b += kChunk)
       chunks.push_back({i, b, std::min(tensors[i].numel, b + kChunk)});
   }
-  runtime::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t b, int64_t e) {
+  int64_t work = 0;
+  for (const Chunk& ch : chunks) work += ch.end - ch.begin;
+  runtime::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, work, [&](int64_t b, int64_t e) {
     for (int64_t x = b; x < e; ++x) {
       const Chunk& ch = chunks[static_cast<size_t>(x)];
       step_chunk(c, coeffs[ch.tensor], tensors[ch.tensor], ch.begin, ch.end);

@@ -320,7 +320,8 @@ void attention_forward(const AttentionArgs& args, const void* q, const void* k, 
   const int64_t blocks = (a.L + kQueryBlock - 1) / kQueryBlock;
   const int64_t tasks = a.B * a.H * blocks;
   const FwdLayout l = fwd_layout(a);
-  runtime::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t work = a.B * a.H * a.L * a.S * (a.E + a.Ev) / runtime::kMultiplyAddsPerElement;
+  runtime::parallel_for(0, tasks, 1, work, [&](int64_t t0, int64_t t1) {
     std::vector<float> buf(l.floats);
     forward_range(a, l, q, k, v, out, lse, t0, t1, buf.data());
   });
@@ -335,7 +336,8 @@ void attention_backward(const AttentionArgs& args, const void* q, const void* k,
   a.dv = or_contiguous(a.dv, a, a.S, a.Ev);
   if (a.B <= 0 || a.H <= 0) return;
   const BwdLayout l = bwd_layout(a);
-  runtime::parallel_for(0, a.B * a.H, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t work = 2 * a.B * a.H * a.L * a.S * (a.E + a.Ev) / runtime::kMultiplyAddsPerElement;
+  runtime::parallel_for(0, a.B * a.H, 1, work, [&](int64_t t0, int64_t t1) {
     std::vector<float> buf(l.floats);
     backward_range(a, l, q, k, v, out, out_strides, grad_out, grad_strides, lse, dq, dk, dv, t0, t1,
                    buf.data());

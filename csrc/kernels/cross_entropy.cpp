@@ -35,26 +35,27 @@ int64_t cross_entropy_forward(DType dtype, const void* x, const int64_t* target,
                               float* lse, int64_t rows, int64_t classes, int64_t ignore_index) {
   if (rows <= 0 || classes <= 0) return 0;
   std::atomic<int64_t> bad{0};
-  runtime::parallel_for(0, rows, row_grain(classes), [&](int64_t begin, int64_t end) {
-    std::vector<float> row(static_cast<size_t>(classes));
-    int64_t nbad = 0;
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t t = target[r];
-      load_row(dtype, x, r * classes, classes, row.data());
-      const float xt = t >= 0 && t < classes ? row[static_cast<size_t>(t)] : 0.0f;
-      const float l = row_lse(row.data(), classes);
-      lse[r] = l;
-      if (t == ignore_index) {
-        loss[r] = 0.0f;
-      } else if (t < 0 || t >= classes) {
-        ++nbad;
-        loss[r] = NAN;
-      } else {
-        loss[r] = l - xt;
-      }
-    }
-    if (nbad) bad.fetch_add(nbad, std::memory_order_relaxed);
-  });
+  runtime::parallel_for(
+      0, rows, row_grain(classes), rows * classes, [&](int64_t begin, int64_t end) {
+        std::vector<float> row(static_cast<size_t>(classes));
+        int64_t nbad = 0;
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t t = target[r];
+          load_row(dtype, x, r * classes, classes, row.data());
+          const float xt = t >= 0 && t < classes ? row[static_cast<size_t>(t)] : 0.0f;
+          const float l = row_lse(row.data(), classes);
+          lse[r] = l;
+          if (t == ignore_index) {
+            loss[r] = 0.0f;
+          } else if (t < 0 || t >= classes) {
+            ++nbad;
+            loss[r] = NAN;
+          } else {
+            loss[r] = l - xt;
+          }
+        }
+        if (nbad) bad.fetch_add(nbad, std::memory_order_relaxed);
+      });
   return bad.load();
 }
 
@@ -62,23 +63,24 @@ void cross_entropy_backward(DType dtype, const void* x, const int64_t* target, c
                             const void* scale, int64_t scale_stride, float scale_mul, void* dx,
                             int64_t rows, int64_t classes, int64_t ignore_index) {
   if (rows <= 0 || classes <= 0) return;
-  runtime::parallel_for(0, rows, row_grain(classes), [&](int64_t begin, int64_t end) {
-    std::vector<float> row(static_cast<size_t>(classes));
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t t = target[r];
-      if (t == ignore_index || t < 0 || t >= classes) {
-        std::fill(row.begin(), row.end(), 0.0f);
-      } else {
-        float s = 0.0f;
-        load_row(dtype, scale, r * scale_stride, 1, &s);
-        s = s * scale_mul;
-        load_row(dtype, x, r * classes, classes, row.data());
-        backward_row(row.data(), classes, lse[r], s);
-        row[static_cast<size_t>(t)] -= s;
-      }
-      store_row(dtype, row.data(), dx, r * classes, classes);
-    }
-  });
+  runtime::parallel_for(0, rows, row_grain(classes), rows * classes,
+                        [&](int64_t begin, int64_t end) {
+                          std::vector<float> row(static_cast<size_t>(classes));
+                          for (int64_t r = begin; r < end; ++r) {
+                            const int64_t t = target[r];
+                            if (t == ignore_index || t < 0 || t >= classes) {
+                              std::fill(row.begin(), row.end(), 0.0f);
+                            } else {
+                              float s = 0.0f;
+                              load_row(dtype, scale, r * scale_stride, 1, &s);
+                              s = s * scale_mul;
+                              load_row(dtype, x, r * classes, classes, row.data());
+                              backward_row(row.data(), classes, lse[r], s);
+                              row[static_cast<size_t>(t)] -= s;
+                            }
+                            store_row(dtype, row.data(), dx, r * classes, classes);
+                          }
+                        });
 }
 
 }  // namespace openneuron::kernels

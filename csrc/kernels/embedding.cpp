@@ -79,7 +79,7 @@ void embedding_backward(DType dtype, const void* grad, const void* indices, bool
       std::max<int64_t>({1, 65536 / std::max<int64_t>(dim, 1), num_weights / 64});
   const int64_t blocks = (num_weights + rows_per_block - 1) / rows_per_block;
   std::atomic<int64_t> bad_total{0};
-  runtime::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+  runtime::parallel_for(0, blocks, 1, n * dim, [&](int64_t b0, int64_t b1) {
     int64_t local = 0;
     for (int64_t bi = b0; bi < b1; ++bi) {
       const int64_t k0 = bi * rows_per_block, k1 = std::min(num_weights, k0 + rows_per_block);

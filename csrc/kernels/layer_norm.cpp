@@ -91,7 +91,7 @@ void layer_norm_forward(LayerNormTypes t, const void* x, const void* weight, con
   if (rows <= 0 || n <= 0) return;  // nothing to normalize (the glue sends these to ATen)
   const std::vector<float> w = param_as_float(t.wdtype, weight, n);
   const std::vector<float> b = param_as_float(t.wdtype, bias, n);
-  runtime::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+  runtime::parallel_for(0, rows, row_grain(n), rows * n, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(n));
     forward_chunk(t, x, weight ? w.data() : nullptr, bias ? b.data() : nullptr, y, mean, rstd,
                   begin, end, n, eps, row.data());
@@ -109,7 +109,7 @@ void layer_norm_backward(LayerNormTypes t, const void* dy, const void* x, const 
   const bool want_w = dweight != nullptr, want_b = dbias != nullptr;
   std::vector<float> pw(want_w ? static_cast<size_t>(blocks * n) : 0, 0.0f);
   std::vector<float> pb(want_b ? static_cast<size_t>(blocks * n) : 0, 0.0f);
-  runtime::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+  runtime::parallel_for(0, blocks, 1, rows * n, [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(static_cast<size_t>(2 * n));
     for (int64_t bi = b0; bi < b1; ++bi) {
       const int64_t begin = bi * block, end = std::min(rows, begin + block);

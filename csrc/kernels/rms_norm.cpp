@@ -73,7 +73,7 @@ void rms_norm_forward(RmsNormTypes t, const void* x, const void* weight, void* y
                       int64_t rows, int64_t n, float eps) {
   if (rows <= 0 || n <= 0) return;
   const std::vector<float> w = param_as_float(t.wdtype, weight, n);
-  runtime::parallel_for(0, rows, row_grain(n), [&](int64_t begin, int64_t end) {
+  runtime::parallel_for(0, rows, row_grain(n), rows * n, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(n));
     forward_chunk(t, x, weight ? w.data() : nullptr, y, rstd, begin, end, n, eps, row.data());
   });
@@ -87,7 +87,7 @@ void rms_norm_backward(RmsNormTypes t, const void* dy, const void* x, const floa
   const int64_t blocks = rows > 0 ? (rows + block - 1) / block : 0;
   const bool want_w = dweight != nullptr;
   std::vector<double> pw(want_w ? static_cast<size_t>(blocks * n) : 0, 0.0);
-  runtime::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+  runtime::parallel_for(0, blocks, 1, rows * n, [&](int64_t b0, int64_t b1) {
     std::vector<float> buf(static_cast<size_t>(2 * n));
     for (int64_t bi = b0; bi < b1; ++bi) {
       const int64_t begin = bi * block, end = std::min(rows, begin + block);

@@ -16,6 +16,7 @@
 #include "aten/errors.h"
 #include "aten/fusion/fusion.h"
 #include "aten/generator.h"
+#include "aten/omp_parallel.h"
 #include "aten/ops/enqueue.h"
 #include "aten/ops/meta_cache.h"
 #include "aten/origin_capture.h"
@@ -115,10 +116,12 @@ struct Launch {
   std::vector<Deferred> deferred;
   StorageMap host{c10::DeviceType::CPU, /*keep_sources=*/false};
   const char* name = "";
+  bool serial = false;  // small work: run on the executor thread alone (SerialScope)
   explicit Launch(c10::OperatorHandle o) : op(std::move(o)) {}
 
   void run() {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    SerialScope serial_scope(serial);
     c10::SmallVector<std::pair<at::Tensor, const Deferred*>, 4> written;
     for (const auto& d : deferred) {
       at::Tensor view = host.view_of(d.buffer, d.geom);
@@ -262,6 +265,23 @@ std::optional<PhiloxState> take_philox(const OpInfo& info, c10::ArrayRef<c10::IV
   return std::nullopt;
 }
 
+// Whether an op's work is too small to be worth an OpenMP region (omp_parallel.h) and may run
+// serially: the elements of its largest tensor (`out_numel`: of its results), for ops whose
+// results do not depend on the thread count.
+bool small_work(const OpInfo& info, c10::ArrayRef<c10::IValue> args, int64_t out_numel) {
+  if (!info.thread_invariant) return false;
+  int64_t most = out_numel;
+  for (const c10::IValue& v : args) {
+    if (v.isTensor()) {
+      most = std::max(most, v.toTensor().numel());
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor()) most = std::max(most, e.toTensor().numel());
+    }
+  }
+  return most < kSerialElements;
+}
+
 void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* stack,
                c10::Device device, const MetaResult& meta) {
   const size_t n = info.num_args;
@@ -305,6 +325,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
   // meta-sized outputs (binary_cross_entropy_out reduces in place after resizing its out).
   auto launch = std::make_shared<Launch>(op);
   launch->name = info.name;
+  launch->serial = small_work(info, args, numel);
   launch->stack.reserve(n + info.num_returns);
   launch->deferred.reserve(n + info.num_returns);
   for (size_t i = 0; i < n; ++i) {

@@ -52,6 +52,35 @@ bool meta_disagrees(std::string_view name) {
          name == "aten::multilabel_margin_loss_forward";
 }
 
+// Ops without the pointwise tag whose CPU kernels only move data (OpInfo::thread_invariant).
+bool moves_data_only(std::string_view name) {
+  static const std::unordered_set<std::string_view> kNames = {"aten::copy_",
+                                                              "aten::_to_copy",
+                                                              "aten::cat",
+                                                              "aten::stack",
+                                                              "aten::fill_",
+                                                              "aten::zero_",
+                                                              "aten::arange",
+                                                              "aten::index_select",
+                                                              "aten::embedding",
+                                                              "aten::clone",
+                                                              "aten::gather",
+                                                              "aten::index_copy",
+                                                              "aten::index_copy_",
+                                                              "aten::slice_scatter",
+                                                              "aten::select_scatter",
+                                                              "aten::constant_pad_nd",
+                                                              "aten::repeat",
+                                                              "aten::flip",
+                                                              "aten::roll",
+                                                              "aten::tril",
+                                                              "aten::triu",
+                                                              "aten::masked_fill",
+                                                              "aten::masked_fill_",
+                                                              "aten::where"};
+  return kNames.count(name) > 0;
+}
+
 // Batch norm in eval mode: the CPU kernel returns empty save_mean/save_invstd, the meta kernel
 // sized ones.
 int training_flag_arg(const c10::FunctionSchema& s) {
@@ -116,6 +145,7 @@ void analyze(OpInfo& info, const c10::FunctionSchema& s, const c10::OperatorHand
   }
   info.sync_by_nature = info.data_dependent || !info.returns_tensors_only;
   info.training_arg = training_flag_arg(s);
+  info.thread_invariant = (op && op->hasTag(at::Tag::pointwise)) || moves_data_only(s.name());
 }
 
 struct Table {

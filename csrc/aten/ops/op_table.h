@@ -35,6 +35,11 @@ struct OpInfo {
   // Batch norm: index of its `training` arg (-1 = not batch norm). In eval mode the CPU kernel
   // returns empty save_mean/save_invstd where the meta kernel sizes them [C].
   int training_arg = -1;
+  // Its CPU kernel computes the same bits on any number of threads: pointwise ops (ATen's tag)
+  // and data movement. Only these may run serially when small (fallback.cpp): the ATen path's
+  // results stay bitwise CPU PyTorch's (reductions and MKL's matrix products split their sums
+  // by thread: a 1 x 256 x 768 addmm differs between 1 and 2 threads).
+  bool thread_invariant = false;
   std::atomic<bool> meta_ok{true};  // cleared when the meta kernel turns out to be missing
   std::string no_async_reason;      // why the op never takes the async path ("" = it may)
   // Its results need the device's values on the host (data-dependent shapes, bool/int/float
