@@ -15,12 +15,20 @@ PYBIND11_MODULE(_C, m) {
   namespace aten = openneuron::aten;
   m.doc() = "OpenNeuron C++ core: the neuron device for PyTorch.";
   // NOTE: work items run ATen CPU kernels on executor threads; they must use ATen's shared
-  // intra-op pool with the process's settings, not a pool of their own.
-  openneuron::runtime::executor_set_thread_init([] { at::init_num_threads(); });
+  // intra-op pool with the process's settings, not a pool of their own. at::get_num_threads()
+  // runs ATen's lazy per-thread initialization now: run later, inside a SerialScope
+  // (omp_parallel.h), it would reset the scope's team size of 1.
+  openneuron::runtime::executor_set_thread_init([] {
+    at::init_num_threads();
+    (void)at::get_num_threads();
+  });
   // NOTE: not at::parallel_for: compiled here (no -fopenmp) it never goes parallel.
   openneuron::runtime::set_parallel_backend(&aten::omp_parallel_for);
-  if (openneuron::runtime::config_or_defaults().omp_spin_bounded) {
-    openneuron::runtime::set_parallel_release(&aten::omp_release_pool);
+  {
+    namespace rt = openneuron::runtime;
+    const unsigned on = rt::kReleaseOnIdleExecutor |
+                        (rt::config_or_defaults().omp_spin_bounded ? rt::kReleaseOnHostWait : 0u);
+    rt::set_parallel_release(&aten::omp_release_pool, on);
   }
   aten::bind_device(m);
   aten::bind_streams(m);

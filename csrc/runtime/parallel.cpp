@@ -6,6 +6,7 @@ namespace openneuron::runtime {
 namespace {
 std::atomic<ParallelBackend> g_backend{nullptr};
 std::atomic<ParallelRelease> g_release{nullptr};
+std::atomic<unsigned> g_release_on{0};
 }  // namespace
 
 void set_parallel_backend(ParallelBackend backend) {
@@ -14,12 +15,14 @@ void set_parallel_backend(ParallelBackend backend) {
 
 ParallelBackend parallel_backend() { return g_backend.load(std::memory_order_acquire); }
 
-void set_parallel_release(ParallelRelease release) {
+void set_parallel_release(ParallelRelease release, unsigned on) {
+  g_release_on.store(on, std::memory_order_relaxed);
   g_release.store(release, std::memory_order_release);
 }
 
-void parallel_release_calling_thread() noexcept {
-  if (ParallelRelease release = g_release.load(std::memory_order_acquire)) release();
+void parallel_release_calling_thread(ReleaseOn caller) noexcept {
+  ParallelRelease release = g_release.load(std::memory_order_acquire);
+  if (release != nullptr && (g_release_on.load(std::memory_order_relaxed) & caller)) release();
 }
 
 }  // namespace openneuron::runtime

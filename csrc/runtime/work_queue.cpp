@@ -20,6 +20,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kExecutorSpin = std::chrono::microseconds(40);
 constexpr auto kWaiterSpin = std::chrono::microseconds(20);
+// An executor asleep this long frees its parallel pool (parallel.h says why).
+constexpr auto kExecutorIdleRelease = std::chrono::milliseconds(50);
 constexpr unsigned kBusySpins = 256;
 
 // NOTE: heap objects reached through function-local statics, never destroyed: executor threads
@@ -132,7 +134,7 @@ void WorkQueue::wait(uint64_t ticket) const {
   if (head_.load(std::memory_order_acquire) >= ticket) return;
   // NOTE: a host thread (never an executor: tl_running_queue is null here) about to sleep
   // frees its OpenMP pool, left by CPU work it did before: see parallel.h.
-  if (tl_running_queue == nullptr) parallel_release_calling_thread();
+  if (tl_running_queue == nullptr) parallel_release_calling_thread(kReleaseOnHostWait);
   std::unique_lock<std::mutex> lk(mu_);
   done_cv_.wait(lk, [&] {
     if (ticket < wake_at_.load(std::memory_order_relaxed)) {
@@ -198,13 +200,19 @@ uint64_t WorkQueue::await_work(uint64_t h) {
     // an earlier sleep may notify late (after this thread already woke, ran the work and went
     // back to sleep); that wake-up finds no work, and without re-setting the flag the next push
     // would see it cleared and never notify.
-    work_cv_.wait(lk, [&] {
+    auto ready = [&] {
       if (tail_.load(std::memory_order_seq_cst) != h || stop_.load(std::memory_order_seq_cst)) {
         return true;
       }
       sleeping_.store(true, std::memory_order_seq_cst);
       return tail_.load(std::memory_order_seq_cst) != h || stop_.load(std::memory_order_seq_cst);
-    });
+    };
+    if (!work_cv_.wait_for(lk, kExecutorIdleRelease, ready)) {
+      lk.unlock();
+      parallel_release_calling_thread(kReleaseOnIdleExecutor);
+      lk.lock();
+      work_cv_.wait(lk, ready);
+    }
   }
   sleeping_.store(false, std::memory_order_relaxed);
   return tail_.load(std::memory_order_acquire);

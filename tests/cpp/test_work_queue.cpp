@@ -3,6 +3,7 @@
 // up as a hang, so a watchdog fails the test instead of letting it wait forever.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -61,14 +62,14 @@ TEST(WorkQueue, ProducersNeverLoseTheExecutorsWakeUp) {
 std::atomic<int> g_releases{0};
 
 struct ReleaseHook {
-  ReleaseHook() {
-    set_parallel_release([] { g_releases.fetch_add(1); });
+  explicit ReleaseHook(unsigned on) {
+    set_parallel_release([] { g_releases.fetch_add(1); }, on);
   }
-  ~ReleaseHook() { set_parallel_release(nullptr); }
+  ~ReleaseHook() { set_parallel_release(nullptr, 0); }
 };
 
 TEST(WorkQueue, AHostThreadAboutToSleepReleasesItsParallelThreads) {
-  ReleaseHook hook;
+  ReleaseHook hook(kReleaseOnHostWait);
   NoErrors sink;
   WorkQueue q(&sink, "release-queue");
   g_releases = 0;
@@ -84,6 +85,42 @@ TEST(WorkQueue, AHostThreadAboutToSleepReleasesItsParallelThreads) {
   while (q.done() < t) std::this_thread::yield();
   q.wait(t);  // already done: no sleep, no release
   EXPECT_EQ(g_releases.load(), 1);
+}
+
+TEST(WorkQueue, AnExecutorIdleFor50msReleasesItsParallelThreadsOnce) {
+  ReleaseHook hook(kReleaseOnIdleExecutor);
+  NoErrors sink;
+  WorkQueue q(&sink, "idle-queue");
+  g_releases = 0;
+  auto push_noop = [&q] {
+    Work w;
+    w.fn = [] {};
+    w.name = "noop";
+    q.wait(q.push(std::move(w)));
+  };
+  push_noop();
+  // Busy: work every millisecond keeps the pool (asserted when no gap between pushes reached
+  // the idle time, which a loaded host's scheduler could cause).
+  auto longest = std::chrono::steady_clock::duration::zero();
+  for (int i = 0; i < 30; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    push_noop();
+    longest = std::max(longest, std::chrono::steady_clock::now() - t0);
+  }
+  if (longest < std::chrono::milliseconds(40)) {
+    EXPECT_EQ(g_releases.load(), 0);
+  }
+  g_releases = 0;
+  // Idle: released once, however long it stays idle.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(g_releases.load(), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(g_releases.load(), 1);
+  // Work again, then idle again: one more.
+  push_noop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(g_releases.load(), 2);
 }
 
 }  // namespace

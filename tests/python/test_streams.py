@@ -197,3 +197,46 @@ def test_waiting_for_the_device_gives_back_the_threads_cpu_work_left(run_py, spi
     before, with_pool, after, threads = map(int, r.stdout.split())
     assert threads == 2 and with_pool == before + 1, r.stdout  # the CPU work made a pool
     assert after == (before if spin else with_pool), r.stdout
+
+
+def test_an_idle_executor_gives_back_its_threads(run_py):
+    """A stream's executor that ran parallel work keeps an OpenMP pool (threads named as the
+    executor); idle for 50 ms it frees it, so the host's own CPU work is not throttled by a
+    quiet device (parallel.h); the next parallel work makes it again. Small pointwise ops never
+    make one (they run on the executor alone: runtime::kMinParallelWork), though ATen's CPU
+    kernel splits 48K elements over 2 threads."""
+    r = run_py("""
+        import os, time, torch, openneuron
+        def named(prefix):
+            n = 0
+            for t in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{t}/comm") as f:
+                        n += f.read().strip().startswith(prefix)
+                except OSError:
+                    pass
+            return n
+        small = torch.ones(48 * 1024, device="neuron")
+        for _ in range(20):
+            small = torch.tanh(small)
+        torch.neuron.synchronize()
+        after_small = named("neuron0")
+        a = torch.randn(1024, 1024, device="neuron") / 32
+        def busy():
+            global a
+            for _ in range(4):
+                a = torch.tanh(a @ a)
+            torch.neuron.synchronize()
+            return named("neuron0")
+        with_pool = busy()
+        time.sleep(0.3)
+        idle = named("neuron0")
+        again = busy()
+        time.sleep(0.3)
+        print(after_small, with_pool, idle, again, named("neuron0"))
+    """, env={"OMP_NUM_THREADS": "2"})
+    assert r.returncode == 0, r.stderr
+    after_small, with_pool, idle, again, idle_again = map(int, r.stdout.split())
+    assert after_small == 1, r.stdout  # the executor alone: the small ops made no pool
+    assert with_pool == 2 and again == 2, r.stdout
+    assert idle == 1 and idle_again == 1, r.stdout
