@@ -214,7 +214,7 @@ def main() -> None:
                 set_native(True), torch.ops.openneuron._sdpa_kernel("aten_flash")))
         best = measure_interleaved(variants, iters, args.repeats)
         if name.startswith("sdpa"):
-            torch.ops.openneuron._sdpa_kernel("hand")
+            torch.ops.openneuron._sdpa_kernel("auto")
         row = {"case": name, **{f"{k}_us": v * 1e6 for k, v in best.items()},
                "native_over_off": best["native"] / best["off"],
                "native_over_cpu": best["native"] / best["cpu"]}

@@ -30,6 +30,11 @@ def native_calls(op: str) -> int:
                if r.op == op and r.path == "native")
 
 
+def async_calls(op: str) -> int:
+    return sum(r.calls for r in openneuron.ops_report(print_table=False)
+               if r.op == op and r.path == "async")
+
+
 def close(neuron: torch.Tensor, cpu: torch.Tensor, dtype: torch.dtype, scale: float = 1.0):
     tol = {k: v * scale for k, v in TOL[dtype].items()}
     torch.testing.assert_close(neuron.cpu(), cpu, **tol)
@@ -171,6 +176,26 @@ def test_sdpa_aten_flash_option(aten_flash_sdpa, dtype, case):
     cpu, dev = sdpa_both(q, k, v, dtype, **kw)
     for a, c in zip(dev, cpu):
         close(a, c, dtype, scale=4 if dtype == torch.float32 else 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_long_sequences_take_atens_flash_kernel(dtype):
+    """By default ("auto") from 512 x 512 query x key positions the overrideable ops run ATen's
+    CPU flash kernel (faster there: native_attention.cpp), bitwise CPU's result; shorter ones
+    the hand-written kernel."""
+    assert torch.ops.openneuron._sdpa_kernel() == "auto"
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 512, 32) for _ in range(3))
+    flash = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    before = async_calls(flash)
+    cpu, dev = sdpa_both(q, k, v, dtype, is_causal=True)
+    for a, c in zip(dev, cpu):
+        assert torch.equal(a.cpu(), c)
+    assert async_calls(flash) == before + 1
+    short = [t[:, :, :256] for t in (q, k, v)]
+    before = async_calls(flash)
+    sdpa_both(*short, dtype, is_causal=True)
+    assert async_calls(flash) == before
 
 
 @pytest.mark.parametrize("kernel", ["aten_flash", "hand"])

@@ -172,31 +172,47 @@ kernels::AttentionArgs make_args(const at::Tensor& q, const at::Tensor& k, const
   return a;
 }
 
-// Which kernel runs the overrideable SDPA ops: the hand-written one (csrc/kernels/attention.h,
-// the default: measured faster, benchmarks/kernels.py) or ATen's CPU flash-attention kernel on
-// host views of the device buffers (one work item through the asynchronous ATen path; bitwise
-// the CPU eager result; needs equal q/k/v head sizes).
-// torch.ops.openneuron._sdpa_kernel("hand" | "aten_flash") switches (benchmarks/kernels.py).
-std::atomic<bool> g_use_aten_flash{false};
+// Which kernel runs the overrideable SDPA ops: the hand-written one (csrc/kernels/attention.h)
+// or ATen's CPU flash-attention kernel on host views of the device buffers (one work item
+// through the asynchronous ATen path; bitwise the CPU eager result; needs equal q/k/v head
+// sizes). "auto" (the default) picks by length: ATen's from kLongAttention query x key positions
+// on. torch.ops.openneuron._sdpa_kernel("auto" | "hand" | "aten_flash") switches.
+enum SdpaKernel : int { kAuto, kHand, kAtenFlash };
+std::atomic<int> g_sdpa_kernel{kAuto};
+
+// Forward + backward, ms, hand | ATen's on the device (2 cores, AVX-512 + AMX, causal):
+// [8, 4, 128, 64] bf16 2.1 | 6.3, fp32 2.5 | 3.8; [8, 6, 256, 64] bf16 15.0 | 14.8-16.2, fp32
+// 15.1 | 15.1-15.4; [1, 8, 1024, 64] bf16 37.9 | 15.3-16.1, fp32 37.6 | 21.8-23.6; a decode
+// step's [1, 4, 1, 16] forward 0.010 | 0.079. (ATen's kernel ran ~25% slower on the executor
+// than on the Python thread in the same process; not understood yet.)
+constexpr int64_t kLongAttention = 512 * 512;
 
 std::string set_sdpa_kernel(const std::string& which) {
-  const bool was = g_use_aten_flash.load();
-  if (which == "hand") {
-    g_use_aten_flash = false;
-  } else if (which == "aten_flash") {
-    g_use_aten_flash = true;
-  } else {
-    TORCH_CHECK(which.empty(),
-                "openneuron::_sdpa_kernel: expected \"hand\" or \"aten_flash\", got \"", which,
-                "\"");
+  static const char* kNames[] = {"auto", "hand", "aten_flash"};
+  const int was = g_sdpa_kernel.load();
+  if (!which.empty()) {
+    int mode = -1;
+    for (int i = 0; i < 3; ++i)
+      if (which == kNames[i]) mode = i;
+    TORCH_CHECK(mode >= 0, "openneuron::_sdpa_kernel: expected \"auto\", \"hand\" or ",
+                "\"aten_flash\", got \"", which, "\"");
+    g_sdpa_kernel = mode;
   }
-  return was ? "aten_flash" : "hand";
+  return kNames[was];
 }
 
 // ATen's CPU flash kernel needs one head size for q, k and v; the hand-written kernel takes
 // any value head size.
-bool use_aten_flash(const at::Tensor& q, const at::Tensor& v) {
-  return g_use_aten_flash.load(std::memory_order_relaxed) && q.size(3) == v.size(3);
+bool use_aten_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (q.size(3) != v.size(3)) return false;
+  switch (g_sdpa_kernel.load(std::memory_order_relaxed)) {
+    case kHand:
+      return false;
+    case kAtenFlash:
+      return true;
+    default:
+      return q.size(2) * k.size(2) >= kLongAttention;
+  }
 }
 
 SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -209,7 +225,7 @@ SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at
   const at::Tensor q = last_dim_contiguous(query), k = last_dim_contiguous(key),
                    v = last_dim_contiguous(value);
   const at::Tensor mask = additive_mask(attn_bias.value_or(at::Tensor()), q);
-  if (use_aten_flash(q, v)) {
+  if (use_aten_flash(q, k, v)) {
     static const c10::OperatorHandle op =
         find_op("aten::_scaled_dot_product_flash_attention_for_cpu", "");
     auto [out, lse] = boxed_fallback<std::tuple<at::Tensor, at::Tensor>>(
@@ -261,7 +277,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   const at::Tensor q = last_dim_contiguous(query), k = last_dim_contiguous(key),
                    v = last_dim_contiguous(value);
   const at::Tensor mask = additive_mask(attn_bias, q);
-  if (use_aten_flash(q, v)) {
+  if (use_aten_flash(q, k, v)) {
     static const c10::OperatorHandle op =
         find_op("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "");
     auto [dq, dk, dv] = boxed_fallback<std::tuple<at::Tensor, at::Tensor, at::Tensor>>(
