@@ -66,6 +66,12 @@ def _register() -> None:
         return
     _registered = True
     try:
+        from openneuron import _backends
+
+        _backends.install()  # torch.backends.neuron
+    except Exception as err:  # noqa: BLE001 - the device works without torch.backends.neuron
+        _warn_once(f"openneuron: registering torch.backends.neuron failed: {err}")
+    try:
         from openneuron import distributed
 
         distributed.register()

@@ -267,6 +267,19 @@ void bind_memory(py::module_& m) {
       "Whether allocation stacks are being recorded.");
   m.def("_memory_history_entries", &stack_entries, "Live interned allocation stacks.");
   m.def("_host_memory_stats", &host_memory_stats, "Pinned host memory statistics.");
+  m.def(
+      "_set_memory_fraction",
+      [](double fraction, int device) {
+        with_torch_errors([&] { runtime::allocator_set_memory_fraction(fraction, device); });
+      },
+      py::arg("fraction"), py::arg("device"),
+      "Limits the device's reserved memory to fraction * capacity.");
+  m.def(
+      "_memory_fraction",
+      [](int device) {
+        return with_torch_errors([&] { return runtime::allocator_memory_fraction(device); });
+      },
+      py::arg("device"), "The fraction set by _set_memory_fraction (1.0 until set).");
   // NOTE: an OOM snapshot without allocation stacks would not say who holds the memory.
   if (!oom_snapshot_path().empty()) g_record_history.store(true, std::memory_order_relaxed);
 }

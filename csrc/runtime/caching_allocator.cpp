@@ -204,6 +204,17 @@ class DeviceCache {
     stats_.num_device_alloc = stats_.num_device_free = 0;
   }
 
+  void set_limit(double fraction, uint64_t bytes) {
+    std::lock_guard<std::mutex> lk(mu_);
+    fraction_ = fraction;
+    limit_ = bytes;
+  }
+
+  double fraction() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return fraction_;
+  }
+
   std::vector<SegmentInfo> snapshot() {
     std::lock_guard<std::mutex> lk(mu_);
     std::vector<SegmentInfo> out;
@@ -258,10 +269,11 @@ class DeviceCache {
 
   // A fresh segment for a block of `size` (one free block spanning it), or nullptr when the
   // device is full. A large request that does not fit its usual 20 MiB segment gets an exact one.
+  // Past a memory fraction's limit (set_memory_fraction) the device counts as full.
   Block* new_segment(size_t size, int64_t stream, bool small) {
     size_t seg = segment_size(size);
-    void* p = hal().mem_alloc(device_, seg);
-    if (p == nullptr && !small && seg != size) {
+    void* p = within_limit(seg) ? hal().mem_alloc(device_, seg) : nullptr;
+    if (p == nullptr && !small && seg != size && within_limit(size)) {
       seg = size;
       p = hal().mem_alloc(device_, seg);
     }
@@ -422,6 +434,11 @@ class DeviceCache {
     lk.lock();
   }
 
+  bool within_limit(size_t seg) const {
+    const int64_t reserved = stats_.reserved_bytes[kStatAggregate].current;
+    return limit_ == kNoLimit || static_cast<uint64_t>(reserved) + seg <= limit_;
+  }
+
   HalEvent* take_event() {
     if (events_.empty()) return hal().event_create(kEventDefault);
     HalEvent* e = events_.back();
@@ -433,13 +450,19 @@ class DeviceCache {
     const auto& agg_alloc = stats_.allocated_bytes[kStatAggregate].current;
     const auto& agg_res = stats_.reserved_bytes[kStatAggregate].current;
     const uint64_t capacity = hal().device_props(device_).total_memory;
+    const std::string limit = limit_ == kNoLimit
+                                  ? std::string()
+                                  : "; this process is limited to " + format_bytes(limit_) +
+                                        " by torch.neuron.set_per_process_memory_fraction";
     return "neuron:" + std::to_string(device_) + " out of memory: tried to allocate " +
            format_bytes(bytes) + " (in use " + format_bytes(static_cast<uint64_t>(agg_alloc)) +
            " of " + format_bytes(capacity) + " capacity, " +
-           format_bytes(static_cast<uint64_t>(agg_res - agg_alloc)) +
-           " cached). Free tensors, call torch.neuron.empty_cache(), or raise "
-           "OPENNEURON_DEVICE_MEMORY.";
+           format_bytes(static_cast<uint64_t>(agg_res - agg_alloc)) + " cached" + limit +
+           "). Free tensors, call torch.neuron.empty_cache(), or raise " +
+           (limit_ == kNoLimit ? "OPENNEURON_DEVICE_MEMORY." : "the memory fraction.");
   }
+
+  static constexpr uint64_t kNoLimit = ~uint64_t{0};
 
   const DeviceIndex device_;
   std::mutex mu_;
@@ -448,6 +471,8 @@ class DeviceCache {
   std::map<uintptr_t, Block*> segments_;  // segment base -> its first block
   std::map<std::pair<DeviceIndex, int64_t>, std::deque<std::pair<HalEvent*, Block*>>> pending_;
   std::vector<HalEvent*> events_;  // reached events for reuse
+  uint64_t limit_ = kNoLimit;      // reserved bytes allowed (set_memory_fraction)
+  double fraction_ = 1.0;          // what limit_ was set from
 };
 
 // Live pointer -> block, sharded to keep frees from different threads apart.
@@ -549,6 +574,18 @@ void allocator_empty_cache(DeviceIndex d) {
 }
 
 DeviceStats allocator_stats(DeviceIndex d) { return cache(d).stats(); }
+
+void allocator_set_memory_fraction(double fraction, DeviceIndex d) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    throw DeviceError("set_per_process_memory_fraction: fraction " + std::to_string(fraction) +
+                      " is outside [0, 1]");
+  }
+  DeviceCache& c = cache(d);
+  const uint64_t capacity = hal().device_props(d).total_memory;
+  c.set_limit(fraction, static_cast<uint64_t>(fraction * static_cast<double>(capacity)));
+}
+
+double allocator_memory_fraction(DeviceIndex d) { return cache(d).fraction(); }
 
 void allocator_reset_peak(DeviceIndex d) {
   for_devices(d, [](DeviceCache& c) { c.reset_peak(); });

@@ -79,6 +79,12 @@ void allocator_record_stream(void* ptr, const Stream& s);
 // Returns unused cached segments of device d to the HAL (every device if d < 0).
 void allocator_empty_cache(DeviceIndex d);
 DeviceStats allocator_stats(DeviceIndex d);
+// Limits device d's reserved memory (cached included) to fraction * its capacity, as
+// torch.cuda.set_per_process_memory_fraction: an allocation past it releases the cache, retries
+// and then raises OutOfMemoryError naming the limit. fraction in [0, 1] (else DeviceError);
+// memory already reserved beyond a lowered limit stays until freed and emptied.
+void allocator_set_memory_fraction(double fraction, DeviceIndex d);
+double allocator_memory_fraction(DeviceIndex d);  // 1.0 until set
 void allocator_reset_peak(DeviceIndex d);
 void allocator_reset_accumulated(DeviceIndex d);
 std::vector<SegmentInfo> allocator_snapshot(DeviceIndex d);

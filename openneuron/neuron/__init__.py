@@ -2,7 +2,13 @@
 # Mirrors torch.cuda's names and behaviour; FSDP2, DeviceMesh, DDP, checkpointing and
 # torch.random look it up as getattr(torch, "neuron"). Pieces: device.py (selection, lazy init),
 # streams.py, memory.py, random.py. Registration itself is in openneuron/__init__.py.
+import sys as _sys
+
+import torch as _torch
+
 from . import _utils as _utils
+from . import amp as amp
+from . import nvtx as nvtx
 from . import profiler as profiler
 from .device import _get_device_index as _get_device_index
 from .device import _is_in_bad_fork as _is_in_bad_fork
@@ -35,18 +41,25 @@ from .fusion import (
 )
 from .memory import (
     empty_cache,
+    get_per_process_memory_fraction,
     host_memory_stats,
+    ipc_collect,
     max_memory_allocated,
+    max_memory_cached,
     max_memory_reserved,
     mem_get_info,
     memory_allocated,
+    memory_cached,
     memory_reserved,
     memory_snapshot,
     memory_stats,
     memory_stats_as_nested_dict,
     memory_summary,
     reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_max_memory_cached,
     reset_peak_memory_stats,
+    set_per_process_memory_fraction,
 )
 from .random import (
     default_generators,
@@ -66,14 +79,26 @@ from .streams import (
     StreamContext,
     current_stream,
     default_stream,
+    is_current_stream_capturing,
     set_stream,
     stream,
 )
 
+# As torch.cuda.OutOfMemoryError: `except torch.neuron.OutOfMemoryError` catches a neuron OOM.
+OutOfMemoryError = _torch.OutOfMemoryError
+
+# NOTE: `import torch.neuron.amp` (or `from torch.neuron.amp import autocast`) must find these
+# modules, not import a second copy of them under the torch.neuron name.
+for _name in ("amp", "nvtx", "memory", "profiler", "random", "streams"):
+    _sys.modules.setdefault(f"torch.neuron.{_name}", _sys.modules[f"{__name__}.{_name}"])
+del _name
+
 __all__ = [
     "Event",
+    "OutOfMemoryError",
     "Stream",
     "StreamContext",
+    "amp",
     "current_device",
     "current_stream",
     "default_generators",
@@ -88,28 +113,36 @@ __all__ = [
     "get_amp_supported_dtype",
     "get_device_name",
     "get_device_properties",
+    "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
     "host_memory_stats",
     "init",
     "initial_seed",
+    "ipc_collect",
     "is_available",
     "is_bf16_supported",
+    "is_current_stream_capturing",
     "is_fusion_enabled",
     "is_initialized",
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",
+    "max_memory_cached",
     "max_memory_reserved",
     "mem_get_info",
     "memory_allocated",
+    "memory_cached",
     "memory_reserved",
     "memory_snapshot",
     "memory_stats",
     "memory_stats_as_nested_dict",
     "memory_summary",
+    "nvtx",
     "reset_accumulated_memory_stats",
     "reset_fusion_stats",
+    "reset_max_memory_allocated",
+    "reset_max_memory_cached",
     "reset_peak_memory_stats",
     "seed",
     "seed_all",
@@ -117,6 +150,7 @@ __all__ = [
     "set_fusion_enabled",
     "set_fusion_log",
     "set_fusion_max_ops",
+    "set_per_process_memory_fraction",
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",

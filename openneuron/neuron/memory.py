@@ -8,6 +8,7 @@ import pickle
 import sys
 import time
 import traceback
+import warnings
 from collections import OrderedDict
 from typing import Any
 
@@ -15,22 +16,29 @@ import torch
 
 from openneuron import _C
 
-from .device import _check_index, _get_device_index, device_count, is_initialized
+from .device import _check_index, _get_device_index, _lazy_init, device_count, is_initialized
 
 __all__ = [
     "empty_cache",
+    "get_per_process_memory_fraction",
     "host_memory_stats",
+    "ipc_collect",
     "max_memory_allocated",
+    "max_memory_cached",
     "max_memory_reserved",
     "mem_get_info",
     "memory_allocated",
+    "memory_cached",
     "memory_reserved",
     "memory_snapshot",
     "memory_stats",
     "memory_stats_as_nested_dict",
     "memory_summary",
     "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_max_memory_cached",
     "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
 ]
 
 
@@ -81,6 +89,66 @@ def reset_peak_memory_stats(device=None) -> None:
 def reset_accumulated_memory_stats(device=None) -> None:
     """Reset the "allocated"/"freed" totals and event counters."""
     torch.accelerator.reset_accumulated_memory_stats(_index(device))
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    """Deprecated (as in torch.cuda): resets every peak statistic; see reset_peak_memory_stats."""
+    warnings.warn(
+        "torch.neuron.reset_max_memory_allocated now calls torch.neuron.reset_peak_memory_stats, "
+        "which resets /all/ peak memory stats.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
+    """Deprecated (as in torch.cuda): resets every peak statistic; see reset_peak_memory_stats."""
+    warnings.warn(
+        "torch.neuron.reset_max_memory_cached now calls torch.neuron.reset_peak_memory_stats, "
+        "which resets /all/ peak memory stats.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    reset_peak_memory_stats(device)
+
+
+def memory_cached(device=None) -> int:
+    """Deprecated alias of memory_reserved (as in torch.cuda)."""
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    """Deprecated alias of max_memory_reserved (as in torch.cuda)."""
+    return max_memory_reserved(device)
+
+
+def set_per_process_memory_fraction(fraction, device=None) -> None:
+    """Limit this process's device memory (cached blocks included) to fraction * capacity.
+
+    As torch.cuda's: past the limit an allocation releases the cache, retries, then raises
+    torch.OutOfMemoryError naming the limit. fraction must be a float in [0, 1].
+    """
+    _lazy_init()
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _C._set_memory_fraction(fraction, _index(device))
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    """The fraction set by set_per_process_memory_fraction (1.0 until set)."""
+    _lazy_init()
+    return _C._memory_fraction(_index(device))
+
+
+def ipc_collect() -> None:
+    """torch.cuda.ipc_collect's counterpart: nothing to collect.
+
+    Neuron memory is never shared with another process through IPC handles (torch.multiprocessing
+    moves neuron tensors by value), so no block waits for a consumer process to release it.
+    """
 
 
 def empty_cache() -> None:

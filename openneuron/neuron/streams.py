@@ -13,6 +13,7 @@ __all__ = [
     "StreamContext",
     "current_stream",
     "default_stream",
+    "is_current_stream_capturing",
     "set_stream",
     "stream",
 ]
@@ -134,3 +135,12 @@ class StreamContext:
 def stream(stream: torch.Stream | None) -> StreamContext:
     """Select a stream for the body of a `with` block (see StreamContext)."""
     return StreamContext(stream)
+
+
+def is_current_stream_capturing() -> bool:
+    """Always False: neuron streams have no graph capture (torch.cuda.graphs has no counterpart).
+
+    Libraries ask this before work that capture forbids (a sync, an allocation); on neuron such
+    work is always allowed.
+    """
+    return False

@@ -1,11 +1,12 @@
 // gtests for the caching allocator over the process HAL (test_environment.cpp: 2 devices of
 // 1 GiB): rounding, same-stream reuse, stream-aware deferral (record_stream), split and
 // coalesce, exact statistics, out-of-memory message and recovery, empty_cache, device_of, and
-// the caller's opaque per-block context id.
+// the caller's opaque per-block context id, the per-process memory fraction.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -185,6 +186,34 @@ TEST(CachingAllocator, OutOfMemoryMessageAndRecovery) {
   EXPECT_NE(after, nullptr);
   allocator_free(after);
   allocator_free(held);
+  allocator_empty_cache(1);
+  EXPECT_EQ(reserved(1), 0);
+}
+
+TEST(CachingAllocator, MemoryFractionLimitsReservedMemory) {
+  const Stream s = stream_from_pool(1);
+  allocator_empty_cache(1);
+  EXPECT_EQ(allocator_memory_fraction(1), 1.0);
+  allocator_set_memory_fraction(0.25, 1);  // 256 MiB of 1 GiB
+  EXPECT_EQ(allocator_memory_fraction(1), 0.25);
+  allocator_free(allocator_alloc(100 * kMiB, s));  // cached
+  void* p = allocator_alloc(200 * kMiB, s);        // fits only once the cache is released
+  EXPECT_LE(reserved(1), static_cast<int64_t>(256 * kMiB));
+  try {
+    allocator_alloc(100 * kMiB, s);
+    ADD_FAILURE() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("this process is limited to 256.0 MiB by "
+                                         "torch.neuron.set_per_process_memory_fraction"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(allocator_set_memory_fraction(1.5, 1), DeviceError);
+  EXPECT_THROW(allocator_set_memory_fraction(-0.1, 1), DeviceError);
+  allocator_set_memory_fraction(1.0, 1);
+  void* q = allocator_alloc(100 * kMiB, s);  // the limit is gone
+  allocator_free(q);
+  allocator_free(p);
   allocator_empty_cache(1);
   EXPECT_EQ(reserved(1), 0);
 }

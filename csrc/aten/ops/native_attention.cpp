@@ -32,10 +32,20 @@ bool same_size(const c10::SymInt& a, const c10::SymInt& b) {
   return a.sym_eq(b).guard_or_false(__FILE__, __LINE__);
 }
 
+// Whether the user's SDPA backend switches allow neuron's fused kernel. It is the device's
+// flash and memory-efficient attention both (the overrideable backend to ATen): a CUDA script's
+// `sdpa_kernel(SDPBackend.FLASH_ATTENTION)` keeps it, `sdpa_kernel(SDPBackend.MATH)` (or the
+// deprecated sdp_kernel with flash and memory-efficient off) runs the math path.
+bool fused_backend_enabled() {
+  const at::Context& ctx = at::globalContext();
+  return ctx.userEnabledOverrideableSDP() || ctx.userEnabledFlashSDP() ||
+         ctx.userEnabledMemEfficientSDP();
+}
+
 // Whether the native kernel covers this SDPA call (else the math path runs it).
 bool sdpa_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const std::optional<at::Tensor>& mask, double dropout_p) {
-  if (!native_kernels_enabled() || !at::globalContext().userEnabledOverrideableSDP()) return false;
+  if (!native_kernels_enabled() || !fused_backend_enabled()) return false;
   if (dropout_p != 0.0) return false;
   for (const at::Tensor* t : {&q, &k, &v}) {
     if (!kernel_operand(*t) || t->dim() != 4 || t->is_nested() || t->device() != q.device())
