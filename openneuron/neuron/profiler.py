@@ -14,6 +14,12 @@ from openneuron import _C
 
 __all__ = ["device_events", "is_available", "trace_stats"]
 
+# ProfilerActivity.NEURON is ProfilerActivity.PrivateUse1, so a CUDA script's
+# `activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]` reads as it should after "cuda" ->
+# "neuron" (nanoGPT's bench.py with profile=True).
+if not hasattr(torch.profiler.ProfilerActivity, "NEURON"):
+    torch.profiler.ProfilerActivity.NEURON = torch.profiler.ProfilerActivity.PrivateUse1
+
 
 def is_available() -> bool:
     """True when the neuron device profiler is registered with PyTorch's kineto, so that

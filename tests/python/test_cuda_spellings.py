@@ -1,7 +1,7 @@
 # What a CUDA training script says, after "cuda" -> "neuron" (nanoGPT's train.py and bench.py,
 # NVIDIA's examples): torch.backends.neuron (matmul flags, SDPA backend switches),
 # torch.neuron.amp (autocast / GradScaler / custom_fwd / custom_bwd, deprecated as torch.cuda's),
-# torch.neuron.nvtx (ranges as torch.profiler ranges), torch.neuron.OutOfMemoryError,
+# torch.neuron.nvtx (ranges as torch.profiler ranges), ProfilerActivity.NEURON, torch.neuron.OutOfMemoryError,
 # set_per_process_memory_fraction and the deprecated memory spellings. Each against the
 # canonical API it stands for, or against CPU.
 import warnings
@@ -160,7 +160,9 @@ def test_sdpa_backend_switches_choose_neurons_fused_kernel_or_math():
 def test_nvtx_ranges_are_profiler_ranges():
     nvtx = torch.neuron.nvtx
     x = torch.randn(256, device="neuron")
-    with torch.profiler.profile() as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.NEURON]
+    assert activities[1] is torch.profiler.ProfilerActivity.PrivateUse1
+    with torch.profiler.profile(activities=activities) as prof:
         assert nvtx.range_push("outer") == 0
         assert nvtx.range_push("inner") == 1
         y = x * 2
@@ -175,6 +177,7 @@ def test_nvtx_ranges_are_profiler_ranges():
     assert nvtx.range_pop() == -1  # nothing left open
     names = {e.name for e in prof.events()}
     assert {"outer", "inner", "detached", "a mark", "step 3"} <= names
+    assert any(e.device_type == torch.autograd.DeviceType.PrivateUse1 for e in prof.events())
     with pytest.raises(ValueError, match="no open range"):
         nvtx.range_end(handle)
     torch.testing.assert_close(y.cpu(), x.cpu() * 2 + 1)
