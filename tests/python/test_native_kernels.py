@@ -178,24 +178,59 @@ def test_sdpa_aten_flash_option(aten_flash_sdpa, dtype, case):
         close(a, c, dtype, scale=4 if dtype == torch.float32 else 2)
 
 
+FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
+FLASH_BACKWARD = FLASH + "_backward"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sdpa_long_sequences_take_atens_flash_kernel(dtype):
-    """By default ("auto") from 512 x 512 query x key positions the overrideable ops run ATen's
+    """By default ("auto") from 768 x 768 query x key positions the overrideable ops run ATen's
     CPU flash kernel (faster there: native_attention.cpp), bitwise CPU's result; shorter ones
-    the hand-written kernel."""
+    the hand-written kernel, except bfloat16/float16 forwards, ATen's from 256 x 256."""
     assert torch.ops.openneuron._sdpa_kernel() == "auto"
     torch.manual_seed(3)
-    q, k, v = (torch.randn(1, 2, 512, 32) for _ in range(3))
-    flash = "aten::_scaled_dot_product_flash_attention_for_cpu"
-    before = async_calls(flash)
+    q, k, v = (torch.randn(1, 2, 768, 32) for _ in range(3))
+    calls = (async_calls(FLASH), async_calls(FLASH_BACKWARD))
     cpu, dev = sdpa_both(q, k, v, dtype, is_causal=True)
     for a, c in zip(dev, cpu):
         assert torch.equal(a.cpu(), c)
-    assert async_calls(flash) == before + 1
-    short = [t[:, :, :256] for t in (q, k, v)]
-    before = async_calls(flash)
+    assert (async_calls(FLASH), async_calls(FLASH_BACKWARD)) == (calls[0] + 1, calls[1] + 1)
+    mid = [t[:, :, :512] for t in (q, k, v)]  # a forward of ATen's (bf16) and our backward
+    calls = (async_calls(FLASH), async_calls(FLASH_BACKWARD))
+    cpu, dev = sdpa_both(*mid, dtype, is_causal=True)
+    if dtype == torch.bfloat16:
+        assert torch.equal(dev[0].cpu(), cpu[0])
+    for a, c in zip(dev[1:], cpu[1:]):
+        close(a, c, dtype, scale=4)
+    low = dtype != torch.float32
+    assert (async_calls(FLASH), async_calls(FLASH_BACKWARD)) == (calls[0] + low, calls[1])
+    short = [t[:, :, :128] for t in (q, k, v)]
+    calls = (async_calls(FLASH), async_calls(FLASH_BACKWARD))
     sdpa_both(*short, dtype, is_causal=True)
-    assert async_calls(flash) == before
+    assert (async_calls(FLASH), async_calls(FLASH_BACKWARD)) == calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length", [256, 768])
+def test_sdpa_compiled_matches_eager_whichever_kernel_runs(dtype, length):
+    """Compiled graphs check each output's strides against the op's meta kernel: ATen's flash
+    kernel's transposed results are returned in the meta layout (they were not: an
+    AssertionError at the first compiled call)."""
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(1, 2, length, 32, dtype=dtype, device=DEV, requires_grad=True)
+               for _ in range(3))
+    g = torch.randn(1, 2, length, 32, dtype=dtype, device=DEV)
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    eager = [f(q, k, v)]
+    eager += torch.autograd.grad(eager[0], (q, k, v), g)
+    compiled = [torch.compile(f, fullgraph=True, dynamic=False)(q, k, v)]
+    compiled += torch.autograd.grad(compiled[0], (q, k, v), g)
+    for a, b in zip(compiled, eager):
+        assert a.stride() == b.stride()
+        assert torch.equal(a.cpu(), b.cpu())
 
 
 @pytest.mark.parametrize("kernel", ["aten_flash", "hand"])

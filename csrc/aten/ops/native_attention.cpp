@@ -185,17 +185,24 @@ kernels::AttentionArgs make_args(const at::Tensor& q, const at::Tensor& k, const
 // Which kernel runs the overrideable SDPA ops: the hand-written one (csrc/kernels/attention.h)
 // or ATen's CPU flash-attention kernel on host views of the device buffers (one work item
 // through the asynchronous ATen path; bitwise the CPU eager result; needs equal q/k/v head
-// sizes). "auto" (the default) picks by length: ATen's from kLongAttention query x key positions
-// on. torch.ops.openneuron._sdpa_kernel("auto" | "hand" | "aten_flash") switches.
+// sizes). Both keep the logsumexp of the scaled scores per query row, so a forward of one and a
+// backward of the other compose. "auto" (the default) picks by query x key positions:
+// bfloat16/float16 forwards from kLowPrecisionForward (ATen's multiplies in those dtypes, ours
+// in float32), everything else from kLongAttention.
+// torch.ops.openneuron._sdpa_kernel("auto" | "hand" | "aten_flash") switches.
 enum SdpaKernel : int { kAuto, kHand, kAtenFlash };
 std::atomic<int> g_sdpa_kernel{kAuto};
 
-// Forward + backward, ms, hand | ATen's on the device (2 cores, AVX-512 + AMX, causal):
-// [8, 4, 128, 64] bf16 2.1 | 6.3, fp32 2.5 | 3.8; [8, 6, 256, 64] bf16 15.0 | 14.8-16.2, fp32
-// 15.1 | 15.1-15.4; [1, 8, 1024, 64] bf16 37.9 | 15.3-16.1, fp32 37.6 | 21.8-23.6; a decode
-// step's [1, 4, 1, 16] forward 0.010 | 0.079. (ATen's kernel ran ~25% slower on the executor
-// than on the Python thread in the same process; not understood yet.)
-constexpr int64_t kLongAttention = 512 * 512;
+// ms, hand | ATen's on the device (2 cores, AVX-512 + AMX, causal, 2026-12-04):
+//   forward + backward: [8, 4, 128, 64] fp32 2.0-2.8 | 4.5, bf16 1.7-2.3 | 5.6;
+//   [2, 8, 512, 64] fp32 9.5-13.9 | 14.5-17.8, bf16 9.1-13.8 | 11.8-12.2; [2, 8, 640, 64] fp32
+//   18.4 | 22.4, bf16 13.8 | 18.1; [2, 8, 768, 64] fp32 26.0 | 25.3, bf16 25.5 | 17.7;
+//   [1, 8, 1024, 64] fp32 22.8 | 19.0, bf16 25.1 | 12.8.
+//   forward alone, bf16: [1, 8, 256, 64] 0.77 | 0.27, [2, 8, 512, 64] 3.4-4.2 | 1.6, [8, 4, 128,
+//   64] 0.71 | 0.37 but [1, 12, 128, 64] 0.21 | 0.82; fp32 [2, 8, 512, 64] 3.5-5.0 | 4.6-5.0.
+//   A decode step's [1, 4, 1, 16] forward 0.010 | 0.079.
+constexpr int64_t kLongAttention = 768 * 768;
+constexpr int64_t kLowPrecisionForward = 256 * 256;
 
 std::string set_sdpa_kernel(const std::string& which) {
   static const char* kNames[] = {"auto", "hand", "aten_flash"};
@@ -213,15 +220,18 @@ std::string set_sdpa_kernel(const std::string& which) {
 
 // ATen's CPU flash kernel needs one head size for q, k and v; the hand-written kernel takes
 // any value head size.
-bool use_aten_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+bool use_aten_flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool forward) {
   if (q.size(3) != v.size(3)) return false;
   switch (g_sdpa_kernel.load(std::memory_order_relaxed)) {
     case kHand:
       return false;
     case kAtenFlash:
       return true;
-    default:
-      return q.size(2) * k.size(2) >= kLongAttention;
+    default: {
+      const int64_t positions = q.size(2) * k.size(2);
+      const bool low_precision = q.scalar_type() != c10::ScalarType::Float;
+      return positions >= (forward && low_precision ? kLowPrecisionForward : kLongAttention);
+    }
   }
 }
 
@@ -235,15 +245,21 @@ SdpaResult sdpa_forward(const at::Tensor& query, const at::Tensor& key, const at
   const at::Tensor q = last_dim_contiguous(query), k = last_dim_contiguous(key),
                    v = last_dim_contiguous(value);
   const at::Tensor mask = additive_mask(attn_bias.value_or(at::Tensor()), q);
-  if (use_aten_flash(q, k, v)) {
+  if (use_aten_flash(q, k, v, /*forward=*/true)) {
     static const c10::OperatorHandle op =
         find_op("aten::_scaled_dot_product_flash_attention_for_cpu", "");
-    auto [out, lse] = boxed_fallback<std::tuple<at::Tensor, at::Tensor>>(
+    auto [flash_out, flash_lse] = boxed_fallback<std::tuple<at::Tensor, at::Tensor>>(
         op, q, k, v, 0.0, is_causal,
         mask.defined() ? std::optional<at::Tensor>(mask) : std::optional<at::Tensor>(), scale);
     info.native_calls.fetch_add(1, std::memory_order_relaxed);
+    // NOTE: ATen's kernel returns out and logsumexp as transposed views of [B, L, H, *]; the
+    // op's meta kernel (which compiled graphs check strides against) says out in the query's
+    // layout and logsumexp contiguous.
+    Result res(query, {q.size(0), q.size(1), q.size(2), v.size(3)});
+    at::Tensor out = flash_out;
+    if (!out.strides().equals(res.result.strides())) out = res.result.copy_(flash_out);
     return {out,
-            lse,
+            flash_lse.contiguous(),
             at::Tensor(),
             at::Tensor(),
             c10::SymInt(q.size(2)),
@@ -287,15 +303,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sdpa_backward(
   const at::Tensor q = last_dim_contiguous(query), k = last_dim_contiguous(key),
                    v = last_dim_contiguous(value);
   const at::Tensor mask = additive_mask(attn_bias, q);
-  if (use_aten_flash(q, k, v)) {
+  if (use_aten_flash(q, k, v, /*forward=*/false)) {
     static const c10::OperatorHandle op =
         find_op("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "");
     auto [dq, dk, dv] = boxed_fallback<std::tuple<at::Tensor, at::Tensor, at::Tensor>>(
         op, grad_out, q, k, v, out, logsumexp, 0.0, is_causal,
         mask.defined() ? std::optional<at::Tensor>(mask) : std::optional<at::Tensor>(), scale);
     info.native_calls.fetch_add(1, std::memory_order_relaxed);
-    return {grad_input_mask[0] ? dq : at::Tensor(), grad_input_mask[1] ? dk : at::Tensor(),
-            grad_input_mask[2] ? dv : at::Tensor(), at::Tensor()};
+    // NOTE: as in the forward: ATen's gradients are transposed views; the meta kernel's are in
+    // their inputs' layouts.
+    auto in_layout = [](const at::Tensor& like, const at::Tensor& grad) {
+      Result r(like, grad.sizes());
+      return grad.strides().equals(r.result.strides()) ? grad : r.result.copy_(grad);
+    };
+    return {grad_input_mask[0] ? in_layout(query, dq) : at::Tensor(),
+            grad_input_mask[1] ? in_layout(key, dk) : at::Tensor(),
+            grad_input_mask[2] ? in_layout(value, dv) : at::Tensor(), at::Tensor()};
   }
   kernels::AttentionArgs a = make_args(q, k, v, mask, is_causal, scale);
   TORCH_CHECK(grad_out.dim() == 4 && out.dim() == 4 &&
