@@ -1,7 +1,9 @@
-// The two NKI instructions whose lanes are not independent of each other's data: the scan along
-// the free axis (nisa.tensor_tensor_scan: each element depends on the one before it) and the
-// gather by run-time indices (nisa.local_gather). Both run row by row on the calling thread;
-// the lane-parallel instructions are execute.cpp and matmul.cpp. Semantics: Instr in program.h.
+// The NKI instructions whose lanes are not independent of each other's data: the scan along the
+// free axis (nisa.tensor_tensor_scan: each element depends on the one before it), the gather by
+// run-time indices (nisa.local_gather) and the copy at a run-time offset
+// (nisa.tensor_copy_dynamic_src / _dst: the offset checked, then an elementwise copy). The scan
+// and the gather run row by row on the calling thread; the lane-parallel instructions are
+// execute.cpp and matmul.cpp. Semantics: Instr in program.h.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -92,6 +94,33 @@ float read_view(const Operand& o, char* const* slots, int64_t off) {
   return o.type == Operand::kConst ? o.value : load_one(o.dtype, slots[o.slot], off);
 }
 
+// "file:line" of the instruction, for run-time errors.
+std::string where(const Instr& in, const Program& prog) {
+  return in.line >= 0 && static_cast<size_t>(in.line) < prog.lines.size()
+             ? prog.lines[static_cast<size_t>(in.line)]
+             : "?";
+}
+
+// An element of an integer tile, exactly (a float32 read would round past 2^24).
+int64_t load_integer(DType dt, const char* base, int64_t i) {
+  switch (dt) {
+    case DType::k_int32:
+      return reinterpret_cast<const int32_t*>(base)[i];
+    case DType::k_uint32:
+      return reinterpret_cast<const uint32_t*>(base)[i];
+    case DType::k_int16:
+      return reinterpret_cast<const int16_t*>(base)[i];
+    case DType::k_uint16:
+      return reinterpret_cast<const uint16_t*>(base)[i];
+    case DType::k_int8:
+      return reinterpret_cast<const int8_t*>(base)[i];
+    case DType::k_uint8:
+      return reinterpret_cast<const uint8_t*>(base)[i];
+    default:  // the parser admits integer dtypes only
+      return 0;
+  }
+}
+
 }  // namespace
 
 void run_scan(const Instr& in, char* const* slots) {
@@ -137,11 +166,8 @@ void run_gather(const Instr& in, char* const* slots, const Program& prog) {
                                  index.offset + index.stride[0] * q + index.stride[1] * col);
       if (!(raw >= 0.0f) ||
           raw + static_cast<float>(n_elem) > static_cast<float>(in.gather_src_free)) {
-        const std::string where = in.line >= 0 && static_cast<size_t>(in.line) < prog.lines.size()
-                                      ? prog.lines[static_cast<size_t>(in.line)]
-                                      : "?";
         throw std::runtime_error(
-            where + ": in kernel '" + prog.name + "': nisa.local_gather index " +
+            where(in, prog) + ": in kernel '" + prog.name + "': nisa.local_gather index " +
             std::to_string(raw) + " (partition " + std::to_string(q) + ", column " +
             std::to_string(col) + ") reads elements past the " +
             std::to_string(in.gather_src_free) + " of each source partition (" +
@@ -160,6 +186,29 @@ void run_gather(const Instr& in, char* const* slots, const Program& prog) {
       }
     }
   }
+}
+
+void run_dynamic_copy(const Instr& in, char* const* slots, const Program& prog, bool parallel,
+                      uint64_t seed) {
+  const Operand& value = in.src[1];
+  const int64_t v = load_integer(value.dtype, slots[value.slot], value.offset);
+  if (v < in.dyn_min || v > in.dyn_max) {
+    const char* name = in.dyn_target == 0 ? "tensor_copy_dynamic_src" : "tensor_copy_dynamic_dst";
+    throw std::runtime_error(where(in, prog) + ": in kernel '" + prog.name + "': nisa." + name +
+                             " offset " + std::to_string(v) + " (read from a " +
+                             dtype_name(value.dtype) + " tile when the kernel ran) puts the " +
+                             (in.dyn_target == 0 ? "source" : "destination") +
+                             " outside its tensor; offsets must be in [" +
+                             std::to_string(in.dyn_min) + ", " + std::to_string(in.dyn_max) + "]");
+  }
+  // NOTE: a copy per run (a few vectors): the instruction costs ~600 engine cycles on the
+  // hardware too, and the program stays immutable, so concurrent runs need no locking.
+  Instr copy = in;
+  copy.kind = Kind::kElementwise;
+  copy.src.pop_back();
+  Operand& moved = in.dyn_target == 0 ? copy.src[0] : copy.dst;
+  moved.offset += (v - in.dyn_min) * in.dyn_scale;  // within the parser's checked ends
+  run_elementwise(copy, slots, parallel, seed);
 }
 
 }  // namespace openneuron::nki

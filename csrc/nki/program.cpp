@@ -178,10 +178,34 @@ void check_gather(const Reader& r, const Program& p, const Instr& in) {
   check_view(r, p, index, box, "gather index");
 }
 
+bool integer_dtype(DType dt) {
+  return dt == DType::k_int32 || dt == DType::k_uint32 || dt == DType::k_int16 ||
+         dt == DType::k_uint16 || dt == DType::k_int8 || dt == DType::k_uint8;
+}
+
+// See Instr (kDynamicCopy): a plain copy plus one integer value; the moving operand is checked
+// here at dyn_max (the generic checks see it at dyn_min), so every offset the run-time check
+// admits stays inside the slot (a view's span moves linearly with its offset).
+void check_dynamic_copy(const Reader& r, const Program& p, const Instr& in) {
+  if (in.nreduce != 0 || in.accumulate || in.src.size() != 2 || !in.steps.empty() ||
+      in.src[0].type != Operand::kView || in.dyn_min > in.dyn_max)
+    r.fail("malformed dynamic copy");
+  const Operand& value = in.src[1];
+  bool scalar = value.type == Operand::kView && integer_dtype(value.dtype);
+  for (int d = 0; d < in.ndim; ++d) scalar = scalar && value.stride[d] == 0;
+  if (!scalar) r.fail("dynamic copy offset is not one element of an integer tile");
+  Operand moved = in.dyn_target == 0 ? in.src[0] : in.dst;
+  int64_t shift;
+  if (__builtin_mul_overflow(in.dyn_max - in.dyn_min, in.dyn_scale, &shift) ||
+      __builtin_add_overflow(moved.offset, shift, &moved.offset))
+    r.fail("dynamic copy offset range overflows");
+  check_view(r, p, moved, in, in.dyn_target == 0 ? "dynamic source" : "dynamic destination");
+}
+
 Instr read_instr(Reader& r, const Program& p) {
   Instr in;
   const int n_slots = static_cast<int>(p.slot_bytes.size());
-  in.kind = static_cast<Kind>(r.next_in(0, 3, "instruction kind"));
+  in.kind = static_cast<Kind>(r.next_in(0, 4, "instruction kind"));
   in.ndim = static_cast<int>(r.next_in(1, kMaxDims, "rank"));
   for (int d = 0; d < in.ndim; ++d) in.extent[d] = r.next_in(0, int64_t{1} << 40, "extent");
   in.nreduce = static_cast<int>(r.next_in(0, in.ndim, "reduced axes"));
@@ -224,6 +248,13 @@ Instr read_instr(Reader& r, const Program& p) {
     in.gather_src_free = r.next_in(1, int64_t{1} << 40, "gather source size");
     in.gather_index_cols = r.next_in(1, int64_t{1} << 40, "gather index columns");
     check_gather(r, p, in);
+  } else if (in.kind == Kind::kDynamicCopy) {
+    constexpr int64_t kReach = int64_t{1} << 40;
+    in.dyn_target = static_cast<int32_t>(r.next_in(0, 1, "dynamic copy target"));
+    in.dyn_scale = r.next_in(-kReach, kReach, "dynamic copy scale");
+    in.dyn_min = r.next_in(-kReach, kReach, "dynamic copy lowest offset");
+    in.dyn_max = r.next_in(-kReach, kReach, "dynamic copy highest offset");
+    check_dynamic_copy(r, p, in);
   } else if (in.steps.empty() && in.src.size() != 1) {
     r.fail("elementwise instruction without a result");
   }
@@ -438,6 +469,9 @@ void run_one(const Program& p, const Instr& in, char* const* slots, bool paralle
       break;
     case Kind::kGather:
       run_gather(in, slots, p);
+      break;
+    case Kind::kDynamicCopy:
+      run_dynamic_copy(in, slots, p, parallel, seed);
       break;
     default:
       run_elementwise(in, slots, parallel, seed);

@@ -69,7 +69,13 @@ enum class Op : uint8_t {
 int op_arity(Op op);
 const char* op_name(Op op);
 
-enum class Kind : uint8_t { kElementwise = 0, kMatmul = 1, kScan = 2, kGather = 3 };
+enum class Kind : uint8_t {
+  kElementwise = 0,
+  kMatmul = 1,
+  kScan = 2,
+  kGather = 3,
+  kDynamicCopy = 4
+};
 
 // An operand: a strided view of a slot, a constant, or an iota (offset + sum stride*index, as a
 // float). Strides are in elements, one per iteration axis (0 = broadcast).
@@ -109,6 +115,13 @@ struct Step {
 // index block read column by column), dst[p, j, e] = source[p, i + e]. source strides: {partition,
 // 0, element}; index strides: {partition, column, 0}. gather_src_free (elements of a source
 // partition) and gather_index_cols (index columns) bound both reads.
+// kDynamicCopy (nisa.tensor_copy_dynamic_src / _dst): an elementwise copy (no steps: src[0] into
+// dst, converted to dst's dtype) whose source (dyn_target 0) or destination (dyn_target 1) sits
+// at an offset read when the instruction runs: v = src[1], one element of an integer tile (all
+// strides 0). The operand as encoded is its position at v = dyn_min; it moves dyn_scale
+// elements per unit of v - dyn_min. v outside [dyn_min, dyn_max] (the values that keep every
+// access inside the tensor, worked out by the tracer) is an error naming the kernel line; the
+// parser checks the operand at both ends, so no value in the range leaves its slot.
 struct Instr {
   Kind kind = Kind::kElementwise;
   int ndim = 0;
@@ -125,6 +138,9 @@ struct Instr {
   int32_t line = -1;              // index into Program::lines
   int64_t gather_src_free = 0;    // kGather only
   int64_t gather_index_cols = 0;  // kGather only
+  int32_t dyn_target = 0;         // kDynamicCopy only: 0 src[0] moves, 1 dst moves
+  int64_t dyn_scale = 0;          // kDynamicCopy only
+  int64_t dyn_min = 0, dyn_max = 0;
   // Set by rewrite_instance. kMatmul: the instruction after it, an elementwise `acc += dst`
   // (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`), and its own
   // destination is not written when no instruction reads it before it is overwritten
@@ -215,8 +231,11 @@ void run_elementwise(const Instr& in, char* const* slots, bool parallel, uint64_
 void run_elementwise_rows(const Instr& in, char* const* slots, uint64_t seed, int64_t p0,
                           int64_t p1);
 void run_matmul(const Instr& in, char* const* slots, bool parallel);
-// gather_scan.cpp. Throw std::runtime_error naming the program's line for an index out of range.
+// gather_scan.cpp. Throw std::runtime_error naming the program's line for an index or offset out
+// of range.
 void run_scan(const Instr& in, char* const* slots);
 void run_gather(const Instr& in, char* const* slots, const Program& p);
+void run_dynamic_copy(const Instr& in, char* const* slots, const Program& p, bool parallel,
+                      uint64_t seed);
 
 }  // namespace openneuron::nki

@@ -68,9 +68,11 @@ bool plain_copy(const Instr& in) {
          in.dst.dtype == DType::k_float32 && in.extent[0] > 0 && in.extent[1] > 0;
 }
 
-// NOTE: a gather reads where its run-time indices point: its operands' strides do not describe
-// its reads, so no rewrite looks past one.
-bool opaque_reads(const Instr& in) { return in.kind == Kind::kGather; }
+// NOTE: a gather reads, and a dynamic copy reads or writes, where run-time values point: their
+// operands' strides do not describe their accesses, so no rewrite looks past one.
+bool opaque_reads(const Instr& in) {
+  return in.kind == Kind::kGather || in.kind == Kind::kDynamicCopy;
+}
 
 bool empty_box(const Instr& in) {
   for (int d = 0; d < in.ndim; ++d)

@@ -2,8 +2,10 @@
 // (csrc/nki/gather_scan.cpp) on hand-encoded programs: conversions to and from uint16 / int16 /
 // uint32 / float8 (saturation, rounding, NaN and infinity as torch converts tensors), the scan
 // along the free axis (reversed operands, a masked row, a narrow destination's carry), the gather
-// by run-time indices, and the parser's and executor's refusals (a scan with foreign registers, a
-// gather index tile past its slot, an index past the source as an error naming the line).
+// by run-time indices, the copy at a run-time offset (tensor_copy_dynamic_src / _dst), and the
+// parser's and executor's refusals (a scan with foreign registers, a gather index tile past its
+// slot, a dynamic copy whose far end leaves its slot, an index or offset past the tensor as an
+// error naming the line).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -233,6 +235,94 @@ TEST(NkiIsa, GatherIndexTilePastItsSlotIsRejected) {
                std::invalid_argument);
   EXPECT_THROW(gather_encoder(16, 8, 1, 20, 1, 16 * 2).parse({"k.py:1"}),  // 20 > 16 x 1
                std::invalid_argument);
+}
+
+// A [P, n] float32 copy between slot 0 ([P, S] source, or [P, n] when the destination moves)
+// and slot 2 (the other), at an offset read from element `at` of slot 1 (dtype vt): target 0
+// moves the source, 1 the destination, over offsets [lo, hi]; `preds`: c, coef0, coef1 each.
+Encoder dynamic_encoder(int target, int64_t P, int64_t S, int64_t n, int64_t lo, int64_t hi,
+                        DType vt, int64_t at, std::vector<int64_t> preds = {}) {
+  Encoder e({P * (target == 0 ? S : n) * 4, 8, P * (target == 0 ? n : S) * 4, 64});
+  e.w.insert(e.w.end(), {1, 1});
+  e.header(4, {P, n}, 0, kAdd, false, 0);
+  e.operand(0, 2, target == 1 ? lo : 0, {target == 1 ? S : n, 1});
+  e.w.push_back(2);
+  e.operand(0, 0, target == 0 ? lo : 0, {target == 0 ? S : n, 1});
+  e.operand(0, 1, at, {0, 0}, 0, vt);
+  e.w.push_back(0);  // no steps
+  e.w.push_back(static_cast<int64_t>(preds.size() / 3));
+  e.w.insert(e.w.end(), preds.begin(), preds.end());
+  e.w.insert(e.w.end(), {target, 1, lo, hi});
+  return e;
+}
+
+void expect_offset_error(const Program& p, void* const* slots, const std::string& what) {
+  try {
+    program_run(p, slots);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& ex) {
+    EXPECT_NE(std::string(ex.what()).find("kernel.py:3"), std::string::npos) << ex.what();
+    EXPECT_NE(std::string(ex.what()).find(what), std::string::npos) << ex.what();
+  }
+}
+
+TEST(NkiIsa, DynamicSourceOffsetReadWhenRun) {
+  const int64_t P = 4, S = 16, n = 3;
+  auto p = dynamic_encoder(0, P, S, n, 0, S - n, DType::k_int32, 1).parse({"kernel.py:3"});
+  std::vector<float> src(P * S), out(P * n, -1.0f);
+  int32_t offset[2] = {99, 0};  // element 1 holds the offset
+  for (int i = 0; i < P * S; ++i) src[i] = static_cast<float>(i);
+  void* slots[] = {src.data(), offset, out.data(), nullptr};
+  for (int32_t v : {0, 5, 13}) {
+    offset[1] = v;
+    program_run(*p, slots);
+    for (int64_t q = 0; q < P; ++q)
+      for (int64_t j = 0; j < n; ++j) EXPECT_EQ(out[q * n + j], src[q * S + v + j]) << v;
+  }
+  offset[1] = 14;  // the last element would be column 16 of 16
+  expect_offset_error(*p, slots, "tensor_copy_dynamic_src offset 14");
+  offset[1] = -1;
+  expect_offset_error(*p, slots, "offsets must be in [0, 13]");
+}
+
+TEST(NkiIsa, DynamicDestinationOffsetUnderAMask) {
+  const int64_t P = 4, S = 10, n = 4;
+  // rows p <= 2 only (2 - p >= 0); the offset is a uint8 at byte 5
+  auto p =
+      dynamic_encoder(1, P, S, n, 2, S - n, DType::k_uint8, 5, {2, -1, 0}).parse({"kernel.py:3"});
+  std::vector<float> src(P * n), out(P * S, -1.0f);
+  uint8_t offset[8] = {};
+  for (int i = 0; i < P * n; ++i) src[i] = static_cast<float>(i + 1);
+  offset[5] = 3;
+  void* slots[] = {src.data(), offset, out.data(), nullptr};
+  program_run(*p, slots);
+  for (int64_t q = 0; q < P; ++q)
+    for (int64_t f = 0; f < S; ++f) {
+      const bool written = q <= 2 && f >= 3 && f < 3 + n;
+      EXPECT_EQ(out[q * S + f], written ? src[q * n + f - 3] : -1.0f) << q << "," << f;
+    }
+  offset[5] = 1;  // below the lowest offset the tracer allowed
+  expect_offset_error(*p, slots, "tensor_copy_dynamic_dst offset 1");
+  offset[5] = 255;
+  expect_offset_error(*p, slots, "destination outside its tensor");
+}
+
+TEST(NkiIsa, DynamicCopyPastItsSlotIsRejected) {
+  // the far end (offset 14 of a 16-column source, 3 wide) leaves the slot
+  EXPECT_THROW(dynamic_encoder(0, 4, 16, 3, 0, 14, DType::k_int32, 0).parse({"k.py:1"}),
+               std::invalid_argument);
+  EXPECT_THROW(dynamic_encoder(1, 4, 10, 4, -1, 6, DType::k_int32, 0).parse({"k.py:1"}),
+               std::invalid_argument);
+  // the offset must be one element of an integer tile
+  EXPECT_THROW(dynamic_encoder(0, 4, 16, 3, 0, 13, DType::k_float32, 0).parse({"k.py:1"}),
+               std::invalid_argument);
+  EXPECT_THROW(
+      dynamic_encoder(0, 4, 16, 3, 0, 13, DType::k_int32, 2).parse({"k.py:1"}),  // past 8 bytes
+      std::invalid_argument);
+  EXPECT_THROW(
+      dynamic_encoder(0, 4, 16, 3, 5, 4, DType::k_int32, 0).parse({"k.py:1"}),  // empty range
+      std::invalid_argument);
+  EXPECT_NO_THROW(dynamic_encoder(0, 4, 16, 3, 0, 13, DType::k_int32, 1).parse({"k.py:1"}));
 }
 
 }  // namespace
