@@ -116,7 +116,17 @@ inline float load_one(DType dt, const char* base, int64_t i) {
   }
 }
 
-// NOTE: 2147483520 and 4294967040 are the largest floats below 2^31 and 2^32.
+// The 32-bit integers' saturating conversions. NOTE: 2147483520 and 4294967040 are the largest
+// floats below 2^31 and 2^32; a value at or past 2^31 / 2^32 saturates to the type's maximum
+// (INT32_MAX / UINT32_MAX, which no float32 holds exactly: nc_find_index8's all-ones "not
+// found" reads 2^32 as a float and stores 0xFFFFFFFF).
+inline int32_t to_int32(float v) {
+  return v >= 2147483648.0f ? INT32_MAX : to_int<int32_t>(v, -2147483648.0f, 2147483520.0f);
+}
+inline uint32_t to_uint32(float v) {
+  return v >= 4294967296.0f ? UINT32_MAX : to_int<uint32_t>(v, 0.0f, 4294967040.0f);
+}
+
 inline void store_one(DType dt, char* base, int64_t i, float v) {
   switch (dt) {
     case DType::k_float32:
@@ -129,7 +139,7 @@ inline void store_one(DType dt, char* base, int64_t i, float v) {
       reinterpret_cast<uint16_t*>(base)[i] = ir::numeric::f16_from_f32(v);
       break;
     case DType::k_int32:
-      reinterpret_cast<int32_t*>(base)[i] = to_int<int32_t>(v, -2147483648.0f, 2147483520.0f);
+      reinterpret_cast<int32_t*>(base)[i] = to_int32(v);
       break;
     case DType::k_uint8:
       reinterpret_cast<uint8_t*>(base)[i] = to_int<uint8_t>(v, 0.0f, 255.0f);
@@ -144,7 +154,7 @@ inline void store_one(DType dt, char* base, int64_t i, float v) {
       reinterpret_cast<int16_t*>(base)[i] = to_int<int16_t>(v, -32768.0f, 32767.0f);
       break;
     case DType::k_uint32:
-      reinterpret_cast<uint32_t*>(base)[i] = to_int<uint32_t>(v, 0.0f, 4294967040.0f);
+      reinterpret_cast<uint32_t*>(base)[i] = to_uint32(v);
       break;
     case DType::k_float8_e4m3:
       reinterpret_cast<uint8_t*>(base)[i] = fp8_e4m3_from_f32(v);

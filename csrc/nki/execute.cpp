@@ -103,8 +103,7 @@ OPENNEURON_INLINE void store_lanes(DType dt, char* base, int64_t off, int64_t st
       scatter<uint16_t>(base, off, stride, n, src, [](float v) { return f16_from_f32(v); });
       break;
     case DType::k_int32:
-      scatter<int32_t>(base, off, stride, n, src,
-                       [](float v) { return to_int<int32_t>(v, -2147483648.0f, 2147483520.0f); });
+      scatter<int32_t>(base, off, stride, n, src, [](float v) { return to_int32(v); });
       break;
     case DType::k_uint8:
       scatter<uint8_t>(base, off, stride, n, src,
@@ -123,8 +122,7 @@ OPENNEURON_INLINE void store_lanes(DType dt, char* base, int64_t off, int64_t st
                        [](float v) { return to_int<int16_t>(v, -32768.0f, 32767.0f); });
       break;
     case DType::k_uint32:
-      scatter<uint32_t>(base, off, stride, n, src,
-                        [](float v) { return to_int<uint32_t>(v, 0.0f, 4294967040.0f); });
+      scatter<uint32_t>(base, off, stride, n, src, [](float v) { return to_uint32(v); });
       break;
     case DType::k_float8_e4m3:
       scatter<uint8_t>(base, off, stride, n, src, [](float v) { return fp8_e4m3_from_f32(v); });

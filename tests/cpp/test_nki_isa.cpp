@@ -57,12 +57,20 @@ TEST(NkiIsa, IntegerDtypesSaturateAndTruncate) {
   const std::vector<float> in = {-5.0f, 3.7f, 70000.0f, NAN, 65535.0f, -3.7f};
   EXPECT_EQ(round_trip(DType::k_uint16, in, &raw), (std::vector<float>{0, 3, 65535, 0, 65535, 0}));
   EXPECT_EQ(round_trip(DType::k_int16, in, &raw), (std::vector<float>{-5, 3, 32767, 0, 32767, -3}));
-  const std::vector<float> big = {-1.0f, 4.0e9f, 5.0e9f, 16777216.0f};
+  const std::vector<float> big = {-1.0f, 4.0e9f, 5.0e9f, 16777216.0f, 4294967040.0f};
   EXPECT_EQ(round_trip(DType::k_uint32, big, &raw),
-            (std::vector<float>{0, 4.0e9f, 4294967040.0f, 16777216.0f}));
-  uint32_t word;
-  std::memcpy(&word, raw.data() + 4, 4);
-  EXPECT_EQ(word, 4000000000u);
+            (std::vector<float>{0, 4.0e9f, 4294967296.0f, 16777216.0f, 4294967040.0f}));
+  uint32_t word[5];
+  std::memcpy(word, raw.data(), sizeof word);
+  EXPECT_EQ(word[1], 4000000000u);
+  EXPECT_EQ(word[2], UINT32_MAX);  // past the range: the maximum, not the largest float below
+  EXPECT_EQ(word[4], 4294967040u);
+  EXPECT_EQ(round_trip(DType::k_int32, {3.0e9f, -3.0e9f, 2147483520.0f}, &raw),
+            (std::vector<float>{2147483648.0f, -2147483648.0f, 2147483520.0f}));
+  int32_t words[3];
+  std::memcpy(words, raw.data(), sizeof words);
+  EXPECT_EQ(words[0], INT32_MAX);
+  EXPECT_EQ(words[1], INT32_MIN);
 }
 
 TEST(NkiIsa, Float8RoundsToNearestEvenWithTorchsOverflowRules) {
