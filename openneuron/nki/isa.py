@@ -499,8 +499,9 @@ def nc_find_index8(*args, mask=None, dtype=None, **kwargs):
     """The position (flattened free index, from 0) of the first occurrence of each of the 8
     values per partition of `vals` in `data` ([P, 8], uint32 by default or uint16), compared in
     float32; a mask applies to `data` only. Beta 1: nc_find_index8(data=, vals=); 0.x:
-    nc_find_index8(dst, data, vals). NOTE: a value absent from data (undefined on hardware)
-    gives the number of elements per partition, an index out of range."""
+    nc_find_index8(dst, data, vals). A value absent from data: 0.x (its documentation) gives
+    all ones (0xFFFFFFFF / 0xFFFF); Beta 1 documents it as undefined and gets the number of
+    elements per partition, an index out of range."""
     dst, (data, vals) = _dst_first("nc_find_index8", args, kwargs, ("data", "vals"))
     if mask is not None and data.ndim != 2:
         fail(f"nisa.nc_find_index8: a mask needs a 2-D data tile, got {list(data.shape)}")
@@ -525,8 +526,16 @@ def nc_find_index8(*args, mask=None, dtype=None, **kwargs):
         first = e.op("select", hit, e.src(position), e.src(float(f)))
         reduce_into(found[:, k:k + 1], (p, f), [1], e, first, "minimum", keepdims=True,
                     mask=mask)
-    _emit.copy_into(out, found)
-    return out if dst is None else None
+    if dst is None:
+        _emit.copy_into(out, found)
+        return out
+    # 0.x: not found -> all ones (2^32 stores as 0xFFFFFFFF: uint32 saturates, csrc/nki
+    # convert.h; 65535 is exact)
+    e = Expr()
+    missing = e.op("equal", e.src(found), e.src(float(f)))
+    ones = 4294967296.0 if dt == "uint32" else 65535.0
+    emit(out, (p, 8), e, e.op("select", missing, e.src(ones), e.src(found)))
+    return None
 
 
 def _is_operator(x) -> bool:

@@ -298,6 +298,26 @@ def test_nc_find_index8_both_generations():
                                   want_y)
 
 
+def test_nc_find_index8_value_not_found_per_generation():
+    """0.x documents all ones for a value data lacks; Beta 1 leaves it undefined (here: the
+    element count). The other values keep their positions."""
+    x = np.random.default_rng(7).uniform(-2, 2, (128, 64)).astype(np.float32)  # RNG's stream
+    # stays the later tests' (test_tensor_scalar_reduce's sums are tolerance-tight)
+    vals = np.stack([x[:, 10], np.full(128, 7.0, np.float32)] * 4, axis=1).copy()  # 7: absent
+    want = np.tile([10, 64], (128, 4))
+    np.testing.assert_array_equal(run(lambda t, v: nisa.nc_find_index8(data=t, vals=v), x, vals),
+                                  want)
+    for dtype, ones in ((nl.uint32, 0xFFFFFFFF), (nl.uint16, 0xFFFF)):
+        got = run_dst(lambda d, t, v: nisa.nc_find_index8(d, t, v), (128, 8), x, vals,
+                      dtype=dtype)
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, np.where(want == 64, ones, want))
+    _, i_f = nl.mgrid[0:128, 0:64]  # masked out counts as absent
+    got = run_dst(lambda d, t, v: nisa.nc_find_index8(d, t, v, mask=(i_f < 8)), (128, 8), x,
+                  vals, dtype=nl.uint32)
+    np.testing.assert_array_equal(got, np.full((128, 8), 0xFFFFFFFF))
+
+
 def test_nc_find_index8_mask_and_limits():
     x = rand(128, 64)
     vals = np.stack([x[:, 10], x[:, 40]] * 4, axis=1).copy()
