@@ -195,8 +195,9 @@ void run_dynamic_copy(const Instr& in, char* const* slots, const Program& prog, 
   if (v < in.dyn_min || v > in.dyn_max) {
     const char* name = in.dyn_target == 0 ? "tensor_copy_dynamic_src" : "tensor_copy_dynamic_dst";
     throw std::runtime_error(where(in, prog) + ": in kernel '" + prog.name + "': nisa." + name +
-                             " offset " + std::to_string(v) + " (read from a " +
-                             dtype_name(value.dtype) + " tile when the kernel ran) puts the " +
+                             " offset " + std::to_string(v) + " (read from the " +
+                             dtype_name(value.dtype) +
+                             " offset tile when the kernel ran) puts the " +
                              (in.dyn_target == 0 ? "source" : "destination") +
                              " outside its tensor; offsets must be in [" +
                              std::to_string(in.dyn_min) + ", " + std::to_string(in.dyn_max) + "]");

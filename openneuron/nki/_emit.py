@@ -128,12 +128,37 @@ def _touch_write(buf: Buffer, full: bool):
         buf.state = "init"
 
 
+def _offset_range(mn, mx, size, coef):
+    """The run-time values v for which every index mn + coef * v .. mx + coef * v lies in
+    [0, size): (lowest, highest), empty when lowest > highest."""
+    if coef > 0:
+        return -(mn // coef), (size - 1 - mx) // coef
+    c = -coef
+    return -((size - 1 - mx) // c), mn // c
+
+
+def _check_partitions(name, x: NkiTensor, op: Operand, extent, scale, lo, hi):
+    """A tile operand moved by a run-time offset stays within the partitions it starts in at
+    both ends of its range (the executor maps tiles partition-major, _trace.layout)."""
+    per = x._buf.numel // x._buf.shape[0] if x._buf.shape and x._buf.shape[0] else 0
+    ends = []
+    for v in (lo, hi):
+        at = Operand(0, op.dtype, op.buf, op.offset + scale * (v - lo), op.strides)
+        ends.append(_trace.partition_view(at, extent, per, 1))
+    if per and (None in ends or ends[0][0] // per != ends[1][0] // per):
+        fail(f"{name}: the run-time offset moves {x!r} across partitions; it must move within "
+             f"each partition (along a free axis)")
+
+
 def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None, mask=None,
-         accumulate=None, nreduce=0, reduce_op="add", post_scale=1.0, allow_hbm=False, kind=0):
+         accumulate=None, nreduce=0, reduce_op="add", post_scale=1.0, allow_hbm=False, kind=0,
+         dynamic=None):
     """Records dst <- expr over the iteration axes `space_dims` of the broadcast shape S (default
     all of S, in order), the last `nreduce` of them reduced. dst_map: the dst axis of each
     iteration axis (None where dst does not move). kind 2: the scan (csrc/nki program.h) with
-    expr's operands (data0, data1, initial) and its two steps."""
+    expr's operands (data0, data1, initial) and its two steps. dynamic: the instruction's name
+    when one operand of a copy may sit at a run-time offset (NkiTensor.dyn): the executor's
+    dynamic copy (kind 4), the offset's admissible range worked out over the masked box."""
     t = _trace.current()
     S = tuple(int(s) for s in S)
     space_dims = list(range(len(S))) if space_dims is None else list(space_dims)
@@ -145,13 +170,15 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
         fail(f"an instruction over {nd} axes; at most {_trace.MAX_DIMS}")
     extent = [S[d] for d in space_dims]
     # operands
-    views, checks, srcs = [], [], []
+    views, checks, srcs, moving = [], [], [], []
     for x in expr.srcs:
         if isinstance(x, NkiTensor):
             if x._buf.kind == "hbm" and not allow_hbm:
                 fail(f"operand {x!r} is in HBM: compute engines read SBUF/PSUM tiles; load it "
                      f"first (nl.load / nisa.dma_copy)")
             op, ch = _bind(x, S, space_dims)
+            if x.dyn is not None:
+                moving.append((0, x, op))
             views.append((x, op))
             checks += ch
             srcs.append(op)
@@ -177,6 +204,11 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
     if any(dst.shape[d] != 1 for d in range(dst.ndim) if d not in mapped):
         fail(f"result of shape {list(S)} does not fit the destination {list(dst.shape)}")
     dop = Operand(0, dst._buf.dtype, dst._buf.id, dst.offset, dstrides)
+    if dst.dyn is not None:
+        moving.append((1, dst, dop))
+    if moving and dynamic is None:
+        fail(f"{moving[0][1]!r} is indexed by a run-time value: only nisa.tensor_copy_dynamic_src"
+             f" / tensor_copy_dynamic_dst take such a view")
     for const, coefs, size, axis in [(c[0], c[1], c[2], c[3]) for c in dst.checks]:
         k = [coefs[m] if m is not None else 0 for m in dst_map]
         checks.append([const, k, size, axis, dst._buf.shape])
@@ -216,12 +248,27 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
         for ch in checks:
             ch[0] += sum(a * lw for a, lw in zip(ch[1], lo))
     extent = [h - lw for lw, h in zip(lo, hi)]
+    offsets = None
     for const, k, size, axis, shape in checks:
         mn = const + sum(min(0, a * (e - 1)) for a, e in zip(k, extent))
         mx = const + sum(max(0, a * (e - 1)) for a, e in zip(k, extent))
+        if isinstance(axis, tuple):  # ("dyn", axis, coef): a run-time index (_tensor.index)
+            offsets = _offset_range(mn, mx, size, axis[2])
+            if offsets[0] > offsets[1]:
+                fail(f"{dynamic}: no run-time offset keeps axis {axis[1]} of a tensor of shape "
+                     f"{list(shape)} in bounds (the static part of its index spans {mn} to {mx}"
+                     f"; the axis has {size})")
+            continue
         if mn < 0 or mx >= size:
             fail(f"index out of bounds: axis {axis} of a tensor of shape {list(shape)} is "
                  f"indexed from {mn} to {mx}; mask the out-of-range lanes (mask=...)")
+    if moving:  # encoded at the lowest admissible offset (csrc/nki program.h, kDynamicCopy)
+        if len(moving) > 1:
+            fail(f"{dynamic}: one operand sits at a run-time offset, not both")
+        _, x, op = moving[0]
+        scale = x.dyn[2]
+        op.offset += scale * offsets[0]
+        _check_partitions(dynamic, x, op, extent, scale, *offsets)
     for x, op in views + [(dst, dop)]:
         lo_e, hi_e = view_span(NkiTensor(x._buf, op.offset, extent, op.strides))
         if lo_e < 0 or hi_e >= x._buf.numel:
@@ -248,10 +295,20 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
     if accumulate is not None:
         _touch_read(dst._buf)
     full = not rest and accumulate is None and _covers(dop, extent, dst._buf.numel)
+    extra = ()
+    if moving:  # the run-time value: one element, read whole (strides 0)
+        if steps or nreduce or accumulate is not None:
+            fail(f"internal: {dynamic} is a plain copy")
+        value = moving[0][1].dyn[0]
+        srcs.append(Operand(0, value._buf.dtype, value._buf.id, value.offset, [0] * nd))
+        _touch_read(value._buf)
+        kind, full = 4, full and moving[0][0] == 0
+        extra = (moving[0][0], moving[0][1].dyn[2], *offsets)
     _touch_write(dst._buf, full)
     instr = Instr(kind, extent, dop, srcs, steps, rest, nreduce=nreduce, reduce_op=reduce_op,
                   accumulate=accumulate is not None, acc_op=accumulate or "add",
                   post_scale=post_scale, line=t.line())
+    instr.extra = extra
     return t.add(instr)
 
 
@@ -274,6 +331,9 @@ def check_matmul(stationary: NkiTensor, moving: NkiTensor):
         fail(f"matmul moving free size {N} exceeds nl.tile_size.gemm_moving_fmax "
              f"({_trace.GEMM_MOVING_FMAX})")
     for name, x in (("stationary", stationary), ("moving", moving)):
+        if x.dyn is not None:
+            fail(f"matmul {name} operand is indexed by a run-time value; only "
+                 f"nisa.tensor_copy_dynamic_src / _dst take such a view")
         if x._buf.kind != "sbuf":
             fail(f"matmul {name} operand must be an SBUF tile, got {x._buf.kind}")
         if not _trace.is_float(x._buf.dtype):
@@ -357,6 +417,9 @@ def emit_gather(dst: NkiTensor, src: NkiTensor, index: NkiTensor, n_valid: int, 
     run-time indices of index [P, K] (csrc/nki program.h, kGather; an index past S - n_elem
     fails when the kernel runs, naming its line)."""
     t = _trace.current()
+    if any(x.dyn is not None for x in (dst, src, index)):
+        fail("nisa.local_gather: an operand is indexed by a run-time value; only "
+             "nisa.tensor_copy_dynamic_src / _dst take such a view")
     P, S = src.shape
     K = index.shape[1]
     if src.strides[1] != 1:

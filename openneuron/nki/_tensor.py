@@ -206,12 +206,70 @@ class Pred:
 
 
 class DynSlice:
-    """nl.ds(start, size): `size` elements from `start`."""
+    """nl.ds(start, size): `size` elements from `start` (an int, or a run-time value: one
+    element of an integer SBUF tile or a register, with integers added; see DynIndex)."""
 
     __slots__ = ("size", "start", "step")
 
     def __init__(self, start, size, step=1):
-        self.start, self.size, self.step = int(start), int(size), int(step)
+        dyn = dynamic_index(start)
+        self.start = dyn if dyn is not None else int(start)
+        self.size, self.step = int(size), int(step)
+
+
+class DynIndex:
+    """An index read when the kernel runs: coef * value + static, `value` one element of an
+    integer SBUF tile (a register, a tile element such as offsets[0, i]), `static` an int or an
+    affine index expression. Only nisa.tensor_copy_dynamic_src / _dst take a view indexed by
+    one (the tracer cannot know the offset: the executor reads it, csrc/nki kDynamicCopy)."""
+
+    __slots__ = ("coef", "static", "value")
+
+    def __init__(self, value, coef=1, static=0):
+        self.value, self.coef, self.static = value, int(coef), static
+
+    def _shift(self, other, sign):
+        if isinstance(other, (int, np.integer, IndexExpr)):
+            return DynIndex(self.value, self.coef, self.static + sign * other)
+        if isinstance(other, (NkiTensor, DynIndex)):
+            fail("an index holds one run-time value; add integers or nl.arange / nl.mgrid "
+                 "expressions to it, not another tile value")
+        return NotImplemented
+
+    def __add__(self, o):
+        return self._shift(o, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        return self._shift(o, -1)
+
+    def __rsub__(self, o):
+        return (-self)._shift(o, 1)
+
+    def __neg__(self):
+        return DynIndex(self.value, -self.coef, -self.static)
+
+    def __mul__(self, k):
+        if not isinstance(k, (int, np.integer)):
+            return NotImplemented
+        return DynIndex(self.value, self.coef * int(k), self.static * int(k))
+
+    __rmul__ = __mul__
+
+
+def dynamic_index(x):
+    """x as a DynIndex when it is a run-time value (a one-element tile view or a DynIndex),
+    else None. The value must be an integer in SBUF, as NKI's dynamic offsets are."""
+    if isinstance(x, DynIndex):
+        return x
+    if not isinstance(x, NkiTensor) or x.size != 1:
+        return None
+    if x._buf.kind != "sbuf" or x._buf.dtype not in ("int32", "uint32", "int16", "uint16",
+                                                        "int8", "uint8"):
+        fail(f"a run-time index must be one element of an integer SBUF tile (or a register), "
+             f"got a {x._buf.dtype} {x._buf.kind} tile")
+    return DynIndex(x)
 
 
 def arange(start, stop=None, step=1) -> IndexExpr:
@@ -266,9 +324,9 @@ class NkiTensor:
     partition axis. `checks` bound each indexed axis of an advanced-indexed view: (const,
     coefs per axis of this view, size), checked against masks when an instruction uses it."""
 
-    __slots__ = ("__weakref__", "_buf", "checks", "offset", "shape", "strides")
+    __slots__ = ("__weakref__", "_buf", "checks", "dyn", "offset", "shape", "strides")
 
-    def __init__(self, buf, offset=0, shape=None, strides=None, checks=()):
+    def __init__(self, buf, offset=0, shape=None, strides=None, checks=(), dyn=None):
         self._buf = buf
         self.offset = int(offset)
         self.shape = tuple(int(s) for s in (buf.shape if shape is None else shape))
@@ -280,6 +338,9 @@ class NkiTensor:
             strides = tuple(reversed(strides))
         self.strides = tuple(int(s) for s in strides)
         self.checks = tuple(checks)
+        # (value, coef, scale): the element offset moves `scale` per unit of the run-time
+        # `value`; its axis's check in `checks` is marked ("dyn", axis, coef) (index()).
+        self.dyn = dyn
 
     # attributes kernels read
     @property
@@ -369,16 +430,26 @@ class NkiTensor:
         fn = getattr(nl, name)
         return fn(other, self) if reverse else fn(self, other)
 
+    # NOTE: a one-element tile plus or minus an index expression is an index read at run time
+    # (offsets[0, i] + iy, NKI's tensor_copy_dynamic_src example), not tile arithmetic.
     def __add__(self, o):
+        if isinstance(o, IndexExpr) and self.size == 1:
+            return dynamic_index(self) + o
         return self._bin("add", o)
 
     def __radd__(self, o):
+        if isinstance(o, IndexExpr) and self.size == 1:
+            return dynamic_index(self) + o
         return self._bin("add", o, True)
 
     def __sub__(self, o):
+        if isinstance(o, IndexExpr) and self.size == 1:
+            return dynamic_index(self) - o
         return self._bin("subtract", o)
 
     def __rsub__(self, o):
+        if isinstance(o, IndexExpr) and self.size == 1:
+            return o - dynamic_index(self)
         return self._bin("subtract", o, True)
 
     def __mul__(self, o):
@@ -461,7 +532,12 @@ def _norm_slice(k, size, axis):
 
 
 def index(t: NkiTensor, key) -> NkiTensor:
-    """t[key]: ints, slices, nl.ds, Ellipsis, or affine index expressions (with ints)."""
+    """t[key]: ints, slices, nl.ds, Ellipsis, or affine index expressions (with ints); one axis
+    may be indexed by a run-time value (DynIndex, a one-element integer tile, a register, or
+    nl.ds starting at one)."""
+    if t.dyn is not None:
+        fail("a view indexed by a run-time value cannot be indexed again; put every index in "
+             "one subscript")
     key = list(key) if isinstance(key, tuple) else [key]
     if any(k is Ellipsis for k in key):
         i = next(j for j, k in enumerate(key) if k is Ellipsis)
@@ -470,6 +546,9 @@ def index(t: NkiTensor, key) -> NkiTensor:
     if len(key) > t.ndim:
         fail(f"too many indices ({len(key)}) for a tensor of shape {list(t.shape)}")
     key += [slice(None)] * (t.ndim - len(key))
+    dyn_axes = [d for d, k in enumerate(key) if _dynamic_key(k) is not None]
+    if dyn_axes:
+        return _index_dynamic(t, key, dyn_axes)
     if any(isinstance(k, IndexExpr) for k in key):
         return _index_affine(t, key)
     offset, shape, strides = t.offset, [], []
@@ -520,3 +599,55 @@ def _index_affine(t: NkiTensor, key) -> NkiTensor:
             fail("index expressions (nl.arange / nl.mgrid) mix only with integer indices; "
                  f"axis {d} got {k!r}")
     return NkiTensor(t._buf, offset, shape, strides, checks)
+
+
+def _dynamic_key(k):
+    if isinstance(k, DynSlice):
+        return k.start if isinstance(k.start, DynIndex) else None
+    return dynamic_index(k)
+
+
+def _index_dynamic(t: NkiTensor, key, dyn_axes) -> NkiTensor:
+    """t[key] with one axis indexed by a run-time value: the view of its static part (the
+    value taken as 0), its bound check on that axis marked ("dyn", axis, coef) so that the
+    instruction works out the values that keep it in bounds (_emit.emit), and `dyn`."""
+    if len(dyn_axes) > 1:
+        fail(f"one run-time index per access (NKI's dynamic offsets are one scalar); axes "
+             f"{dyn_axes} of {list(t.shape)} are indexed by run-time values")
+    d = dyn_axes[0]
+    if t._buf.kind == "hbm":
+        fail("a run-time index addresses an SBUF or PSUM tile (nisa.tensor_copy_dynamic_src / "
+             "_dst); HBM tensors take static indices here")
+    if d == 0:
+        fail("a run-time index moves along a free axis: the partition axis (axis 0) of a tile "
+             "takes static indices (NKI's dynamic offsets are within each partition)")
+    k = key[d]
+    if isinstance(k, DynSlice):  # nl.ds(value, size): a slice from the value
+        dyn = k.start
+        if dyn.coef != 1 or isinstance(dyn.static, IndexExpr):
+            fail("nl.ds(start, size) takes a run-time start plus or minus integers only")
+        key = list(key)
+        key[d] = slice(0, k.size * k.step, k.step)
+        view = index(NkiTensor(t._buf, t.offset, t.shape[:d] + (k.size * k.step,) +
+                               t.shape[d + 1:], t.strides), tuple(key))
+        kept = sum(1 for j in range(d) if not isinstance(key[j], (int, np.integer)))
+        coefs = [0] * view.ndim
+        coefs[kept] = k.step
+        checks = view.checks + ((int(dyn.static), tuple(coefs), t.shape[d], ("dyn", d, 1)),)
+        return NkiTensor(t._buf, view.offset + t.strides[d] * dyn.static, view.shape,
+                         view.strides, checks, (dyn.value, 1, t.strides[d]))
+    dyn = dynamic_index(k)
+    marker, key = ("dyn", d, dyn.coef), list(key)
+    if isinstance(dyn.static, IndexExpr) or any(isinstance(x, IndexExpr) for x in key):
+        key[d] = dyn.static if isinstance(dyn.static, IndexExpr) else \
+            IndexExpr((), int(dyn.static), ())
+        view = _index_affine(t, key)
+        checks = tuple((c, kk, n, marker if ax == d else ax) for c, kk, n, ax in view.checks)
+        offset = view.offset
+    else:  # value + an integer, among ints and slices: the axis is dropped as by an int
+        key[d] = 0
+        view = index(t, tuple(key))
+        checks = view.checks + ((int(dyn.static), (0,) * view.ndim, t.shape[d], marker),)
+        offset = view.offset + t.strides[d] * int(dyn.static)
+    return NkiTensor(t._buf, offset, view.shape, view.strides, checks,
+                     (dyn.value, dyn.coef, t.strides[d] * dyn.coef))

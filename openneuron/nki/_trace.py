@@ -348,7 +348,7 @@ class Trace:
                 if o.type != 0 or o.buf not in self.tiles:
                     continue
                 tile = self.tiles[o.buf]
-                if tile[2] is None and _partition_view(o, ins.extent, tile[0], 1) is None:
+                if tile[2] is None and partition_view(o, ins.extent, tile[0], 1) is None:
                     tile[2] = end
                     end += (self.buffers[o.buf][2] + 63) // 64 * 64
         return end
@@ -379,7 +379,7 @@ def encode(program_traces: list, slots: dict, slot_bytes: list, arena_slot: int)
     return np.asarray(words, dtype=np.int64)
 
 
-def _partition_view(o: Operand, extent, per_partition: int, pitch: int):
+def partition_view(o: Operand, extent, per_partition: int, pitch: int):
     """A tile operand's (element offset, strides) in partition-major memory, `pitch` elements
     from one partition to the next, relative to the tile's partition offset: each axis either
     steps whole partitions (its stride a multiple of the elements per partition) or stays
@@ -420,6 +420,6 @@ def _encode_operand(words, o: Operand, t: Trace, slots, arena_slot, extent):
             elif tile[2] is not None:  # row-major (see Trace.layout)
                 offset += tile[2] // size
             else:
-                view = _partition_view(o, extent, tile[0], t.pitch // size)
+                view = partition_view(o, extent, tile[0], t.pitch // size)
                 offset, strides = view[0] + tile[1] // size, view[1]
     words += [o.type, DTYPE_CODES[o.dtype], slot, offset, *strides, _f64_word(o.value)]

@@ -702,6 +702,14 @@ def local_gather(*args, mask=None, **kwargs):
 
 # NOTE: imported last: these modules use the helpers above.
 from openneuron.nki import _isa_vector as _vector
+from openneuron.nki._isa_dynamic import (  # noqa: F401
+    register_alloc,
+    register_load,
+    register_move,
+    register_store,
+    tensor_copy_dynamic_dst,
+    tensor_copy_dynamic_src,
+)
 from openneuron.nki._isa_move import dma_transpose, nc_stream_shuffle  # noqa: F401
 from openneuron.nki._isa_vector import (  # noqa: F401
     nc_match_replace8,
