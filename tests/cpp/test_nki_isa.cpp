@@ -13,6 +13,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nki/convert.h"
@@ -313,6 +314,30 @@ TEST(NkiIsa, DynamicDestinationOffsetUnderAMask) {
   expect_offset_error(*p, slots, "tensor_copy_dynamic_dst offset 1");
   offset[5] = 255;
   expect_offset_error(*p, slots, "destination outside its tensor");
+}
+
+TEST(NkiIsa, DynamicCopyConcurrentRunsOfOneProgram) {
+  // Each run moves its own copy of the instruction: runs from several threads (several
+  // streams) share the parsed program and nothing else.
+  const int64_t P = 8, S = 32, n = 4;
+  auto p = dynamic_encoder(0, P, S, n, 0, S - n, DType::k_int32, 0).parse({"kernel.py:3"});
+  std::vector<float> src(P * S);
+  for (int i = 0; i < P * S; ++i) src[i] = static_cast<float>(i);
+  std::vector<std::thread> threads;
+  std::vector<int> bad(4, 0);
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<float> out(P * n);
+      int32_t offset[2] = {static_cast<int32_t>(t * 7), 0};
+      void* slots[] = {src.data(), offset, out.data(), nullptr};
+      for (int rep = 0; rep < 50; ++rep) {
+        program_run(*p, slots);
+        for (int64_t q = 0; q < P; ++q)
+          for (int64_t j = 0; j < n; ++j) bad[t] += out[q * n + j] != src[q * S + t * 7 + j];
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(bad, std::vector<int>(4, 0));
 }
 
 TEST(NkiIsa, DynamicCopyPastItsSlotIsRejected) {

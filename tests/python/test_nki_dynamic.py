@@ -70,6 +70,23 @@ def test_on_neuron_tensors():
     np.testing.assert_array_equal(got.cpu().numpy(), src[:, offsets[0]])
 
 
+def test_grid_instances_read_their_own_offsets():
+    src, offsets = rand(4, 64, 100), RNG.integers(0, 92, size=(4, 1)).astype(np.int32)
+
+    @nki.jit
+    def k(src, offsets):
+        out = nl.ndarray([4, 64, 8], dtype=nl.float32, buffer=nl.shared_hbm)
+        g = nl.program_id(0)
+        off = nl.load(offsets[g:g + 1, 0:1])
+        ip, jf = nl.mgrid[0:64, 0:8]
+        nl.store(out[g], nisa.tensor_copy_dynamic_src(nl.load(src[g])[ip, off[0, 0] + jf]))
+        return out
+
+    got = k[4](src, offsets)
+    for g in range(4):
+        np.testing.assert_array_equal(got[g], src[g][:, offsets[g, 0]:offsets[g, 0] + 8])
+
+
 @nki.jit
 def window(src, offset, width, dtype, shift):
     """Beta 1: `width` columns from offset[0, 0] + shift, converted to dtype."""
