@@ -265,6 +265,8 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
     if moving:  # encoded at the lowest admissible offset (csrc/nki program.h, kDynamicCopy)
         if len(moving) > 1:
             fail(f"{dynamic}: one operand sits at a run-time offset, not both")
+        if offsets is None:
+            fail(f"internal: {dynamic} without the run-time index's bound check")
         _, x, op = moving[0]
         scale = x.dyn[2]
         op.offset += scale * offsets[0]
