@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from openneuron.nki import isa, language
+from openneuron.nki import isa, language, typing
 from openneuron.nki._kernel import BenchmarkResult, Kernel, Traced
 from openneuron.nki._trace import NkiError
 
@@ -87,15 +87,15 @@ def benchmark(kernel=None, warmup=2, iters=10, **options):
     return wrap(kernel) if kernel is not None else wrap
 
 
-_ALIASES = ("neuronxcc", "neuronxcc.nki", "neuronxcc.nki.language", "neuronxcc.nki.isa", "nki",
-            "nki.language", "nki.isa")
+_ALIASES = ("neuronxcc", "neuronxcc.nki", "neuronxcc.nki.language", "neuronxcc.nki.isa",
+            "neuronxcc.nki.typing", "nki", "nki.language", "nki.isa")
 
 
 def alias():
-    """Makes `neuronxcc`, `neuronxcc.nki[.language|.isa]` and `nki[.language|.isa]` resolve to
-    this package, so NKI kernel files run unchanged. Opt-in: nothing is installed under those
-    names otherwise (the real Neuron compiler and a PyPI placeholder use them). Refuses to
-    shadow a different module already imported under one of them."""
+    """Makes `neuronxcc`, `neuronxcc.nki[.language|.isa|.typing]` and `nki[.language|.isa]`
+    resolve to this package, so NKI kernel files run unchanged. Opt-in: nothing is installed
+    under those names otherwise (the real Neuron compiler and a PyPI placeholder use them).
+    Refuses to shadow a different module already imported under one of them."""
     import types
 
     this = sys.modules[__name__]
@@ -103,7 +103,8 @@ def alias():
     root.nki = this
     root.__path__ = []
     targets = {"neuronxcc": root, "neuronxcc.nki": this, "neuronxcc.nki.language": language,
-               "neuronxcc.nki.isa": isa, "nki": this, "nki.language": language, "nki.isa": isa}
+               "neuronxcc.nki.isa": isa, "neuronxcc.nki.typing": typing, "nki": this,
+               "nki.language": language, "nki.isa": isa}
     for name in _ALIASES:
         present = sys.modules.get(name)
         if present is not None and present is not targets[name] and \

@@ -305,3 +305,45 @@ def test_tracer_refusals():
         trace(lambda t, o, h: nisa.tensor_copy_dynamic_src(t[:, nl.ds(o[0, 0], 8)][:, 0:4]))
     with pytest.raises(nki.NkiError, match="expected a register"):
         trace(lambda t, o, h: nisa.register_move(t[0:1, 0:1], 3) or t[:, 0:4])
+
+
+def test_the_published_example_verbatim(run_py):
+    """Example 0 as NKI's documentation writes it (neuronxcc imports, nt.tensor annotations)."""
+    r = run_py("""
+        import numpy as np
+        import openneuron.nki
+        openneuron.nki.alias()
+        from neuronxcc import nki
+        import neuronxcc.nki.typing as nt
+        import neuronxcc.nki.isa as nisa
+        import neuronxcc.nki.language as nl
+
+        @nki.jit(mode="simulation")
+        def example_kernel(src_tensor, offsets):
+          out_tensor = nl.ndarray([128, 64], dtype=src_tensor.dtype, buffer=nl.shared_hbm)
+          # Load src_tensor and offsets into SBUF
+          src_tensor_sbuf: nt.tensor[128, 512] = nl.load(src_tensor)
+          offsets_sbuf: nt.tensor[1, 64] = nl.load(offsets)
+
+          # Copy into output tensor in SBUF
+          out_sbuf: nt.tensor[128, 64] = nl.ndarray([128, 64], dtype=src_tensor.dtype,
+                                                    buffer=nl.sbuf)
+
+          # Static indices to access a tile of shape [128, 1];
+          # Add dynamic offsets to iy for tensor_copy_dynamic_src
+          ix, iy = nl.mgrid[0:128, 0:1]
+
+          for idx in nl.affine_range(offsets_sbuf.shape[1]):
+            out_sbuf[ix, idx] = nisa.tensor_copy_dynamic_src(
+                src_tensor_sbuf[ix, offsets_sbuf[0, idx] + iy])
+
+          nl.store(out_tensor, value=out_sbuf)
+          return out_tensor
+
+        src = np.random.rand(128, 512).astype(np.float32)
+        offsets = (np.arange(64, dtype=np.int32) + 4).reshape(1, 64)  # [4, 5, 6, 7, ...]
+        np.testing.assert_array_equal(example_kernel(src, offsets), src[:, 4:68])
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout

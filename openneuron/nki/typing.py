@@ -1,0 +1,16 @@
+"""`neuronxcc.nki.typing` (through openneuron.nki.alias()): the shape annotations NKI's examples
+write on tiles, `src: nt.tensor[128, 512] = nl.load(src_tensor)`. Annotations only: Python does
+not evaluate a local variable's annotation, and `tensor[...]` checks nothing when it is."""
+
+
+class _TensorAnnotation:
+    """`tensor[128, 512]`: itself, whatever the subscript."""
+
+    def __getitem__(self, shape):
+        return self
+
+    def __repr__(self):
+        return "nki.typing.tensor"
+
+
+tensor = _TensorAnnotation()
