@@ -114,7 +114,7 @@ class NeuronBackend : public c10d::Backend {
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
 
  private:
-  struct Call;  // one collective being posted (backend.cpp)
+  struct Call;  // one collective being posted (below)
   using Task = std::function<void(collectives::ShmComm&)>;
   c10::intrusive_ptr<c10d::Work> post(Call& call, Task task);
   // A call of this backend's own (no tensors) in issue order with the collectives.
@@ -147,6 +147,19 @@ class NeuronBackend : public c10d::Backend {
   bool last_split_pending_ = false;
   c10::intrusive_ptr<c10d::Backend> last_split_;
   std::vector<int> last_split_ranks_;
+};
+
+// One collective being posted: what it is called, the tensors it reads/writes and returns.
+struct NeuronBackend::Call {
+  const char* op;
+  c10d::OpType type;
+  std::chrono::milliseconds timeout;
+  std::vector<at::Tensor> outputs;  // result() / the future
+  std::vector<at::Tensor> keep;     // everything the transport touches
+  bool p2p = false;
+  int peer = -1;
+  bool send = false;
+  int tag = 0;
 };
 
 // The options getBackendOptions() returns (copyable from Python: split_group deep-copies them).
