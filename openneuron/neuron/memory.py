@@ -91,26 +91,24 @@ def reset_accumulated_memory_stats(device=None) -> None:
     torch.accelerator.reset_accumulated_memory_stats(_index(device))
 
 
-def reset_max_memory_allocated(device=None) -> None:
-    """Deprecated (as in torch.cuda): resets every peak statistic; see reset_peak_memory_stats."""
+def _reset_peaks_deprecated(name: str, device) -> None:
     warnings.warn(
-        "torch.neuron.reset_max_memory_allocated now calls torch.neuron.reset_peak_memory_stats, "
+        f"torch.neuron.{name} now calls torch.neuron.reset_peak_memory_stats, "
         "which resets /all/ peak memory stats.",
         FutureWarning,
-        stacklevel=2,
+        stacklevel=3,
     )
     reset_peak_memory_stats(device)
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    """Deprecated (as in torch.cuda): resets every peak statistic; see reset_peak_memory_stats."""
+    _reset_peaks_deprecated("reset_max_memory_allocated", device)
 
 
 def reset_max_memory_cached(device=None) -> None:
     """Deprecated (as in torch.cuda): resets every peak statistic; see reset_peak_memory_stats."""
-    warnings.warn(
-        "torch.neuron.reset_max_memory_cached now calls torch.neuron.reset_peak_memory_stats, "
-        "which resets /all/ peak memory stats.",
-        FutureWarning,
-        stacklevel=2,
-    )
-    reset_peak_memory_stats(device)
+    _reset_peaks_deprecated("reset_max_memory_cached", device)
 
 
 def memory_cached(device=None) -> int:

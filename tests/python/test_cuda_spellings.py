@@ -119,7 +119,6 @@ def test_backends_neuron_matmul_flags_and_is_built():
         torch.testing.assert_close((a.neuron() @ a.neuron()).cpu(), a @ a)
     finally:
         torch.backends.neuron.matmul.allow_tf32 = before
-    torch.backends.cudnn.allow_tf32 = True  # the line after it in nanoGPT: CPU builds have it
 
 
 def _choice(q):
