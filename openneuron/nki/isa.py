@@ -341,10 +341,12 @@ def affine_select(pred, on_true_tile, on_false_value, mask=None, dtype=None, dst
 
 
 @_generations(3, tile_first_is_dst=True)
-def memset(shape, value=None, dtype=None, mask=None, dst=None, **_):
-    """A tile of `shape` filled with value (0.x: memset(dst, value))."""
+def memset(shape=None, value=None, dtype=None, mask=None, dst=None, **_):
+    """A tile of `shape` filled with value (0.x: memset(dst, value), memset(dst=, value=))."""
     if dst is not None and value is None:
         shape, value = dst.shape, shape
+    elif dst is not None and shape is None:
+        shape = dst.shape
     out = _out(dst, shape, dtype)
     _emit.copy_into(out, value, mask=mask)
     return out

@@ -183,12 +183,14 @@ def test_tensor_copy_iota_memset_reciprocal():
         nl.store(o1, i)
         m2 = nl.ndarray((64, 8), dtype=nl.float32)
         nisa.memset(m2, 2.0)
-        nl.store(o2, nl.add(m, m2))
+        m3 = nl.ndarray((64, 8), dtype=nl.float32)
+        nisa.memset(dst=m3, value=0.25)  # 0.x, both by name (dma_transpose's example)
+        nl.store(o2, nl.add(nl.add(m, m2), m3))
         return o1, o2
 
     i, m = k(a)
     np.testing.assert_array_equal(i, np.arange(64)[:, None] * 4 + np.arange(8)[None, :])
-    np.testing.assert_array_equal(m, np.full((64, 8), 9.5, np.float32))
+    np.testing.assert_array_equal(m, np.full((64, 8), 9.75, np.float32))
 
 
 def test_affine_select_causal():
