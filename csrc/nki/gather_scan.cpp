@@ -1,9 +1,11 @@
 // The NKI instructions whose lanes are not independent of each other's data: the scan along the
 // free axis (nisa.tensor_tensor_scan: each element depends on the one before it), the gather by
 // run-time indices (nisa.local_gather) and the copy at a run-time offset
-// (nisa.tensor_copy_dynamic_src / _dst: the offset checked, then an elementwise copy). The scan
-// and the gather run row by row on the calling thread; the lane-parallel instructions are
-// execute.cpp and matmul.cpp. Semantics: Instr in program.h.
+// (nisa.tensor_copy_dynamic_src / _dst: the offset checked, then an elementwise copy), and the
+// DMA's indirect copy (rows of an HBM tensor gathered or scattered by a tile of run-time row
+// indices: each index checked, then that row copied). The scan, the gather and the indirect copy
+// run row by row on the calling thread; the lane-parallel instructions are execute.cpp and
+// matmul.cpp. Semantics: Instr in program.h.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -121,6 +123,70 @@ int64_t load_integer(DType dt, const char* base, int64_t i) {
   }
 }
 
+// Whether some lane of row p may run. Exact for two axes (row_lanes); over more axes each
+// predicate alone is asked whether it holds somewhere in the row, so a row whose predicates
+// only fail together counts as active (it then reads its index, a tile element the tracer's
+// bounds admit).
+bool row_active(const Instr& in, int64_t p) {
+  if (in.ndim == 2) {
+    int64_t lo, hi;
+    row_lanes(in, p, &lo, &hi);
+    return lo < hi;
+  }
+  for (const Pred& pr : in.preds) {
+    int64_t best = pr.c + pr.coef[0] * p;
+    for (int d = 1; d < in.ndim; ++d) best += std::max<int64_t>(0, pr.coef[d] * (in.extent[d] - 1));
+    if (best < 0) return false;
+  }
+  return true;
+}
+
+// Row p of a same-dtype copy, byte for byte (a DMA moves bytes: int32 past 2^24 stays exact,
+// NaN payloads stay), lane intervals along the last axis from the predicates.
+void copy_row_bytes(const Instr& in, const Operand& src, const Operand& dst, char* const* slots,
+                    int64_t p) {
+  const int last = in.ndim - 1;
+  const int64_t size = static_cast<int64_t>(dtype_size(dst.dtype));
+  int64_t at[kMaxDims] = {};
+  at[0] = p;
+  for (;;) {
+    int64_t lo = 0, hi = in.extent[last];
+    for (const Pred& pr : in.preds) {
+      int64_t v = pr.c;
+      for (int d = 0; d < last; ++d) v += pr.coef[d] * at[d];
+      const int64_t k = pr.coef[last];
+      if (k == 0) {
+        if (v < 0) hi = 0;
+      } else if (k > 0) {
+        lo = std::max(lo, -floor_div(v, k));
+      } else {
+        hi = std::min(hi, floor_div(v, -k) + 1);
+      }
+    }
+    if (lo < hi) {
+      int64_t a = src.offset, b = dst.offset;
+      for (int d = 0; d < last; ++d) {
+        a += src.stride[d] * at[d];
+        b += dst.stride[d] * at[d];
+      }
+      const int64_t sa = src.stride[last], sb = dst.stride[last];
+      char* to = slots[dst.slot];
+      const char* from = slots[src.slot];
+      if (sa == 1 && sb == 1) {  // memmove: an HBM-to-HBM copy may overlap itself
+        std::memmove(to + (b + lo) * size, from + (a + lo) * size,
+                     static_cast<size_t>((hi - lo) * size));
+      } else {
+        for (int64_t f = lo; f < hi; ++f)
+          std::memmove(to + (b + sb * f) * size, from + (a + sa * f) * size,
+                       static_cast<size_t>(size));
+      }
+    }
+    int d = last - 1;
+    while (d >= 1 && ++at[d] == in.extent[d]) at[d--] = 0;
+    if (d < 1) return;
+  }
+}
+
 }  // namespace
 
 void run_scan(const Instr& in, char* const* slots) {
@@ -210,6 +276,42 @@ void run_dynamic_copy(const Instr& in, char* const* slots, const Program& prog, 
   Operand& moved = in.dyn_target == 0 ? copy.src[0] : copy.dst;
   moved.offset += (v - in.dyn_min) * in.dyn_scale;  // within the parser's checked ends
   run_elementwise(copy, slots, parallel, seed);
+}
+
+void run_indirect(const Instr& in, char* const* slots, const Program& prog, uint64_t seed) {
+  for (int d = 0; d < in.ndim; ++d)
+    if (in.extent[d] == 0) return;
+  const Operand& index = in.src[1];
+  // NOTE: a copy per run (a few vectors), as in run_dynamic_copy: the program stays immutable,
+  // so concurrent runs need no locking. Rows in order on this thread: a scatter's repeated index
+  // keeps the last such row (NKI leaves it undefined; a fixed order makes runs reproducible).
+  Instr copy = in;
+  copy.kind = Kind::kElementwise;
+  copy.src.pop_back();
+  Operand& moved = in.ind_target == 0 ? copy.src[0] : copy.dst;
+  const int64_t base = moved.offset;
+  const bool bytes = !in.accumulate && in.src[0].dtype == in.dst.dtype;
+  for (int64_t p = 0; p < in.extent[0]; ++p) {
+    if (!row_active(in, p)) continue;
+    const int64_t v =
+        load_integer(index.dtype, slots[index.slot], index.offset + index.stride[0] * p);
+    if (v < in.ind_min || v > in.ind_max) {
+      if (in.ind_skip) continue;  // oob_mode.skip: no transfer for this row
+      throw std::runtime_error(
+          where(in, prog) + ": in kernel '" + prog.name + "': indirect " +
+          (in.ind_target == 0 ? "load (gather)" : "store (scatter)") + " row index " +
+          std::to_string(v) + " (partition " + std::to_string(p) + " of the " +
+          dtype_name(index.dtype) + " index tile, read when the kernel ran) is outside the HBM " +
+          "tensor's rows; indices must be in [" + std::to_string(in.ind_min) + ", " +
+          std::to_string(in.ind_max) +
+          "] (nisa.dma_copy's oob_mode=nisa.oob_mode.skip skips such rows instead)");
+    }
+    moved.offset = base + (v - in.ind_min) * in.ind_scale;  // within the parser's checked ends
+    if (bytes)
+      copy_row_bytes(copy, copy.src[0], copy.dst, slots, p);
+    else
+      run_elementwise_rows(copy, slots, seed, p, p + 1);
+  }
 }
 
 }  // namespace openneuron::nki

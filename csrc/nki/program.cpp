@@ -202,10 +202,30 @@ void check_dynamic_copy(const Reader& r, const Program& p, const Instr& in) {
   check_view(r, p, moved, in, in.dyn_target == 0 ? "dynamic source" : "dynamic destination");
 }
 
+// See Instr (kIndirect): a plain copy (or `dst += src`) plus one integer per row; the moving
+// operand is checked here at ind_max (the generic checks see it at ind_min), so every row the
+// run-time check admits stays inside the slot.
+void check_indirect(const Reader& r, const Program& p, const Instr& in) {
+  if (in.ndim < 2 || in.nreduce != 0 || in.src.size() != 2 || !in.steps.empty() ||
+      in.src[0].type != Operand::kView || in.ind_min > in.ind_max ||
+      (in.accumulate && in.acc_op != Op::k_add))
+    r.fail("malformed indirect copy");
+  const Operand& index = in.src[1];
+  bool per_row = index.type == Operand::kView && integer_dtype(index.dtype);
+  for (int d = 1; d < in.ndim; ++d) per_row = per_row && index.stride[d] == 0;
+  if (!per_row) r.fail("indirect copy index is not one integer per row");
+  Operand moved = in.ind_target == 0 ? in.src[0] : in.dst;
+  int64_t shift;
+  if (__builtin_mul_overflow(in.ind_max - in.ind_min, in.ind_scale, &shift) ||
+      __builtin_add_overflow(moved.offset, shift, &moved.offset))
+    r.fail("indirect copy index range overflows");
+  check_view(r, p, moved, in, in.ind_target == 0 ? "indirect source" : "indirect destination");
+}
+
 Instr read_instr(Reader& r, const Program& p) {
   Instr in;
   const int n_slots = static_cast<int>(p.slot_bytes.size());
-  in.kind = static_cast<Kind>(r.next_in(0, 4, "instruction kind"));
+  in.kind = static_cast<Kind>(r.next_in(0, 5, "instruction kind"));
   in.ndim = static_cast<int>(r.next_in(1, kMaxDims, "rank"));
   for (int d = 0; d < in.ndim; ++d) in.extent[d] = r.next_in(0, int64_t{1} << 40, "extent");
   in.nreduce = static_cast<int>(r.next_in(0, in.ndim, "reduced axes"));
@@ -255,6 +275,14 @@ Instr read_instr(Reader& r, const Program& p) {
     in.dyn_min = r.next_in(-kReach, kReach, "dynamic copy lowest offset");
     in.dyn_max = r.next_in(-kReach, kReach, "dynamic copy highest offset");
     check_dynamic_copy(r, p, in);
+  } else if (in.kind == Kind::kIndirect) {
+    constexpr int64_t kReach = int64_t{1} << 40;
+    in.ind_target = static_cast<int32_t>(r.next_in(0, 1, "indirect copy target"));
+    in.ind_skip = r.next_in(0, 1, "indirect copy out-of-bounds mode") != 0;
+    in.ind_scale = r.next_in(-kReach, kReach, "indirect copy row stride");
+    in.ind_min = r.next_in(-kReach, kReach, "indirect copy lowest row");
+    in.ind_max = r.next_in(-kReach, kReach, "indirect copy highest row");
+    check_indirect(r, p, in);
   } else if (in.steps.empty() && in.src.size() != 1) {
     r.fail("elementwise instruction without a result");
   }
@@ -472,6 +500,9 @@ void run_one(const Program& p, const Instr& in, char* const* slots, bool paralle
       break;
     case Kind::kDynamicCopy:
       run_dynamic_copy(in, slots, p, parallel, seed);
+      break;
+    case Kind::kIndirect:
+      run_indirect(in, slots, p, seed);
       break;
     default:
       run_elementwise(in, slots, parallel, seed);

@@ -74,7 +74,8 @@ enum class Kind : uint8_t {
   kMatmul = 1,
   kScan = 2,
   kGather = 3,
-  kDynamicCopy = 4
+  kDynamicCopy = 4,
+  kIndirect = 5
 };
 
 // An operand: a strided view of a slot, a constant, or an iota (offset + sum stride*index, as a
@@ -122,6 +123,16 @@ struct Step {
 // elements per unit of v - dyn_min. v outside [dyn_min, dyn_max] (the values that keep every
 // access inside the tensor, worked out by the tracer) is an error naming the kernel line; the
 // parser checks the operand at both ends, so no value in the range leaves its slot.
+// kIndirect (the DMA's indirect gather / scatter: nl.load / nl.store / nisa.dma_copy /
+// nl.atomic_rmw / nisa.dma_transpose with a tile of row indices): an elementwise copy (no steps;
+// with `accumulate`, dst = dst + src) whose source (ind_target 0, a gather) or destination
+// (ind_target 1, a scatter) takes row p from the HBM row v = src[1] at row p: one integer per
+// row of an index tile (index strides {partition, 0, ...}). The moving operand as encoded is
+// row p at v = ind_min; it moves ind_scale elements per unit of v - ind_min. v outside
+// [ind_min, ind_max] (the rows of the HBM tensor's indexed axis) is an error naming the kernel
+// line or, with ind_skip (NKI's oob_mode.skip), row p is left alone. Rows run in order on one
+// thread: a scatter's repeated index leaves the last such row's values (all of them added, in
+// row order, with `accumulate`). A row no lane of which is active does not read its index.
 struct Instr {
   Kind kind = Kind::kElementwise;
   int ndim = 0;
@@ -141,6 +152,10 @@ struct Instr {
   int32_t dyn_target = 0;         // kDynamicCopy only: 0 src[0] moves, 1 dst moves
   int64_t dyn_scale = 0;          // kDynamicCopy only
   int64_t dyn_min = 0, dyn_max = 0;
+  int32_t ind_target = 0;  // kIndirect only: 0 src[0] moves (gather), 1 dst moves (scatter)
+  bool ind_skip = false;   // kIndirect only: out-of-range rows skipped, not an error
+  int64_t ind_scale = 0;   // kIndirect only
+  int64_t ind_min = 0, ind_max = 0;
   // Set by rewrite_instance. kMatmul: the instruction after it, an elementwise `acc += dst`
   // (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`), and its own
   // destination is not written when no instruction reads it before it is overwritten
@@ -237,5 +252,6 @@ void run_scan(const Instr& in, char* const* slots);
 void run_gather(const Instr& in, char* const* slots, const Program& p);
 void run_dynamic_copy(const Instr& in, char* const* slots, const Program& p, bool parallel,
                       uint64_t seed);
+void run_indirect(const Instr& in, char* const* slots, const Program& p, uint64_t seed);
 
 }  // namespace openneuron::nki

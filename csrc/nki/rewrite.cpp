@@ -68,10 +68,10 @@ bool plain_copy(const Instr& in) {
          in.dst.dtype == DType::k_float32 && in.extent[0] > 0 && in.extent[1] > 0;
 }
 
-// NOTE: a gather reads, and a dynamic copy reads or writes, where run-time values point: their
-// operands' strides do not describe their accesses, so no rewrite looks past one.
+// NOTE: a gather reads, and a dynamic or indirect copy reads or writes, where run-time values
+// point: their operands' strides do not describe their accesses, so no rewrite looks past one.
 bool opaque_reads(const Instr& in) {
-  return in.kind == Kind::kGather || in.kind == Kind::kDynamicCopy;
+  return in.kind == Kind::kGather || in.kind == Kind::kDynamicCopy || in.kind == Kind::kIndirect;
 }
 
 bool empty_box(const Instr& in) {

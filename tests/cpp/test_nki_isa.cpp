@@ -2,12 +2,14 @@
 // (csrc/nki/gather_scan.cpp) on hand-encoded programs: conversions to and from uint16 / int16 /
 // uint32 / float8 (saturation, rounding, NaN and infinity as torch converts tensors), the scan
 // along the free axis (reversed operands, a masked row, a narrow destination's carry), the gather
-// by run-time indices, the copy at a run-time offset (tensor_copy_dynamic_src / _dst), and the
-// parser's and executor's refusals (a scan with foreign registers, a gather index tile past its
-// slot, a dynamic copy whose far end leaves its slot, an index or offset past the tensor as an
-// error naming the line).
+// by run-time indices, the copy at a run-time offset (tensor_copy_dynamic_src / _dst), the DMA's
+// indirect copy (HBM rows gathered / scattered by a tile of row indices), and the parser's and
+// executor's refusals (a scan with foreign registers, a gather index tile past its slot, a
+// dynamic or indirect copy whose far end leaves its slot, an index or offset past the tensor as
+// an error naming the line).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -356,6 +358,184 @@ TEST(NkiIsa, DynamicCopyPastItsSlotIsRejected) {
       dynamic_encoder(0, 4, 16, 3, 5, 4, DType::k_int32, 0).parse({"k.py:1"}),  // empty range
       std::invalid_argument);
   EXPECT_NO_THROW(dynamic_encoder(0, 4, 16, 3, 0, 13, DType::k_int32, 1).parse({"k.py:1"}));
+}
+
+// kIndirect over [P, F]: slot 0 an HBM table of R rows of F (dtype ht), slot 1 the P row
+// indices (dtype it), slot 2 a [P, F] tile (dtype tt). Target 0 gathers table rows into the
+// tile, 1 scatters the tile's rows into the table (`acc`: adds them); rows [lo, hi] admitted
+// (hi < 0: the whole table); `preds`: c, coef0, coef1 each.
+struct IndirectSpec {
+  int target = 0;
+  int64_t P = 4, R = 10, F = 5;
+  DType it = DType::k_int32, ht = DType::k_float32, tt = DType::k_float32;
+  bool skip = false, acc = false;
+  int64_t lo = 0, hi = -1;
+  std::vector<int64_t> preds;
+  std::vector<int64_t> index_strides = {1, 0};
+};
+
+Encoder indirect_encoder(const IndirectSpec& s) {
+  const int64_t hi = s.hi < 0 ? s.R - 1 : s.hi;
+  const auto bytes = [](DType dt, int64_t n) { return n * static_cast<int64_t>(dtype_size(dt)); };
+  Encoder e({bytes(s.ht, s.R * s.F), bytes(s.it, s.P), bytes(s.tt, s.P * s.F), 64});
+  e.w.insert(e.w.end(), {1, 1});
+  e.header(5, {s.P, s.F}, 0, kAdd, s.acc, 0);
+  auto table = [&] { e.operand(0, 0, s.lo * s.F, {0, 1}, 0, s.ht); };
+  auto tile = [&] { e.operand(0, 2, 0, {s.F, 1}, 0, s.tt); };
+  s.target == 0 ? tile() : table();
+  e.w.push_back(2);
+  s.target == 0 ? table() : tile();
+  e.operand(0, 1, 0, s.index_strides, 0, s.it);
+  e.w.push_back(0);  // no steps
+  e.w.push_back(static_cast<int64_t>(s.preds.size() / 3));
+  e.w.insert(e.w.end(), s.preds.begin(), s.preds.end());
+  e.w.insert(e.w.end(), {s.target, s.skip ? 1 : 0, s.F, s.lo, hi});
+  return e;
+}
+
+TEST(NkiIsa, IndirectGatherReadsRowsByRunTimeIndices) {
+  IndirectSpec s;
+  std::vector<float> table(s.R * s.F);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i) + 0.5f;
+  for (DType it : {DType::k_int32, DType::k_uint32}) {
+    s.it = it;
+    auto p = indirect_encoder(s).parse({"kernel.py:3"});
+    uint32_t index[4] = {7, 0, 9, 7};  // a repeated row reads twice
+    std::vector<float> out(s.P * s.F, -1.0f);
+    void* slots[] = {table.data(), index, out.data(), nullptr};
+    program_run(*p, slots);
+    for (int64_t q = 0; q < s.P; ++q)
+      for (int64_t f = 0; f < s.F; ++f)
+        EXPECT_EQ(out[q * s.F + f], table[index[q] * s.F + f]) << dtype_name(it);
+  }
+}
+
+TEST(NkiIsa, IndirectGatherOfOneDtypeCopiesBytes) {
+  // int32 past 2^24 would round through float32; the DMA copies bytes.
+  IndirectSpec s;
+  s.ht = s.tt = DType::k_int32;
+  auto p = indirect_encoder(s).parse({"kernel.py:3"});
+  std::vector<int32_t> table(s.R * s.F), out(s.P * s.F, 0);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = (1 << 24) + 1 + static_cast<int32_t>(i);
+  int32_t index[4] = {3, 1, 4, 1};
+  void* slots[] = {table.data(), index, out.data(), nullptr};
+  program_run(*p, slots);
+  for (int64_t q = 0; q < s.P; ++q)
+    for (int64_t f = 0; f < s.F; ++f) EXPECT_EQ(out[q * s.F + f], table[index[q] * s.F + f]);
+}
+
+TEST(NkiIsa, IndirectScatterRepeatedIndexLastRowWinsOrAllAdd) {
+  IndirectSpec s;
+  s.target = 1;
+  std::vector<float> tile(s.P * s.F);
+  for (size_t i = 0; i < tile.size(); ++i) tile[i] = static_cast<float>(i + 1);
+  int32_t index[4] = {2, 8, 2, 5};
+  for (bool acc : {false, true}) {
+    s.acc = acc;
+    auto p = indirect_encoder(s).parse({"kernel.py:3"});
+    std::vector<float> table(s.R * s.F, 100.0f);
+    void* slots[] = {table.data(), index, tile.data(), nullptr};
+    program_run(*p, slots);
+    for (int64_t r = 0; r < s.R; ++r)
+      for (int64_t f = 0; f < s.F; ++f) {
+        float want = 100.0f;
+        for (int64_t q = 0; q < s.P; ++q)
+          if (index[q] == r) want = acc ? want + tile[q * s.F + f] : tile[q * s.F + f];
+        EXPECT_EQ(table[r * s.F + f], want) << "acc " << acc << " row " << r;
+      }
+  }
+}
+
+TEST(NkiIsa, IndirectIndexOutOfRangeFailsOrIsSkipped) {
+  IndirectSpec s;
+  std::vector<float> table(s.R * s.F, 1.0f), out(s.P * s.F, -1.0f);
+  int32_t index[4] = {0, 10, 2, -1};
+  void* slots[] = {table.data(), index, out.data(), nullptr};
+  auto p = indirect_encoder(s).parse({"kernel.py:3"});
+  expect_offset_error(*p, slots, "row index 10 (partition 1 of the int32 index tile");
+  index[1] = 1;
+  expect_offset_error(*p, slots, "indices must be in [0, 9]");
+  s.skip = true;  // oob_mode.skip: rows 1 and 3 untouched (the failed runs wrote rows before)
+  index[1] = 10;
+  std::fill(out.begin(), out.end(), -1.0f);
+  auto q = indirect_encoder(s).parse({"kernel.py:3"});
+  program_run(*q, slots);
+  for (int64_t r = 0; r < s.P; ++r)
+    for (int64_t f = 0; f < s.F; ++f)
+      EXPECT_EQ(out[r * s.F + f], (r == 1 || r == 3) ? -1.0f : 1.0f) << r;
+  s.target = 1;  // a skipped scatter row writes nothing
+  auto w = indirect_encoder(s).parse({"kernel.py:3"});
+  std::vector<float> tile(s.P * s.F, 7.0f);
+  void* wslots[] = {table.data(), index, tile.data(), nullptr};
+  program_run(*w, wslots);
+  for (int64_t r = 0; r < s.R; ++r)
+    EXPECT_EQ(table[r * s.F], (r == 0 || r == 2) ? 7.0f : 1.0f) << r;
+}
+
+TEST(NkiIsa, IndirectMaskedRowReadsNoIndex) {
+  IndirectSpec s;
+  s.preds = {1, -1, 0};  // rows p <= 1 only
+  auto p = indirect_encoder(s).parse({"kernel.py:3"});
+  std::vector<float> table(s.R * s.F), out(s.P * s.F, -1.0f);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i);
+  int32_t index[4] = {4, 6, 1 << 30, -7};  // garbage where masked
+  void* slots[] = {table.data(), index, out.data(), nullptr};
+  program_run(*p, slots);
+  for (int64_t q = 0; q < s.P; ++q)
+    for (int64_t f = 0; f < s.F; ++f)
+      EXPECT_EQ(out[q * s.F + f], q <= 1 ? table[index[q] * s.F + f] : -1.0f) << q;
+}
+
+TEST(NkiIsa, IndirectCopyConcurrentRunsOfOneProgram) {
+  // Each run moves its own copy of the instruction: runs from several threads (several
+  // streams) share the parsed program and nothing else.
+  IndirectSpec s;
+  s.P = 16, s.R = 64, s.F = 8;
+  auto p = indirect_encoder(s).parse({"kernel.py:3"});
+  std::vector<float> table(s.R * s.F);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i);
+  std::vector<std::thread> threads;
+  std::vector<int> bad(4, 0);
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<float> out(s.P * s.F);
+      std::vector<int32_t> index(s.P);
+      for (int64_t q = 0; q < s.P; ++q) index[q] = static_cast<int32_t>((q * 5 + t * 11) % s.R);
+      void* slots[] = {table.data(), index.data(), out.data(), nullptr};
+      for (int rep = 0; rep < 50; ++rep) {
+        program_run(*p, slots);
+        for (int64_t q = 0; q < s.P; ++q)
+          for (int64_t f = 0; f < s.F; ++f) bad[t] += out[q * s.F + f] != table[index[q] * s.F + f];
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(bad, std::vector<int>(4, 0));
+}
+
+TEST(NkiIsa, IndirectCopyPastItsSlotIsRejected) {
+  auto parse = [](IndirectSpec s) { return indirect_encoder(s).parse({"k.py:1"}); };
+  IndirectSpec s;
+  EXPECT_NO_THROW(parse(s));
+  s.hi = s.R;  // the highest admitted row is past the table
+  EXPECT_THROW(parse(s), std::invalid_argument);
+  s = IndirectSpec();
+  s.lo = -1;
+  EXPECT_THROW(parse(s), std::invalid_argument);
+  s = IndirectSpec();
+  s.lo = 5, s.hi = 4;  // an empty range
+  EXPECT_THROW(parse(s), std::invalid_argument);
+  s = IndirectSpec();
+  s.it = DType::k_float32;  // indices are integers
+  EXPECT_THROW(parse(s), std::invalid_argument);
+  s = IndirectSpec();
+  s.index_strides = {1, 1};  // one index per row, not per lane
+  EXPECT_THROW(parse(s), std::invalid_argument);
+  s = IndirectSpec();
+  s.index_strides = {2, 0};  // 4 indices 2 apart leave their 16 bytes
+  EXPECT_THROW(parse(s), std::invalid_argument);
+  s = IndirectSpec();
+  s.target = 1, s.hi = s.R;
+  EXPECT_THROW(parse(s), std::invalid_argument);
 }
 
 }  // namespace
