@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from openneuron.nki import _trace
+from openneuron.nki import _tensor, _trace
 from openneuron.nki._tensor import IndexExpr, NkiTensor, Pred, _expand, view_span
 from openneuron.nki._trace import Buffer, Instr, Operand, fail
 
@@ -152,13 +152,16 @@ def _check_partitions(name, x: NkiTensor, op: Operand, extent, scale, lo, hi):
 
 def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None, mask=None,
          accumulate=None, nreduce=0, reduce_op="add", post_scale=1.0, allow_hbm=False, kind=0,
-         dynamic=None):
+         dynamic=None, oob_skip=False):
     """Records dst <- expr over the iteration axes `space_dims` of the broadcast shape S (default
     all of S, in order), the last `nreduce` of them reduced. dst_map: the dst axis of each
     iteration axis (None where dst does not move). kind 2: the scan (csrc/nki program.h) with
     expr's operands (data0, data1, initial) and its two steps. dynamic: the instruction's name
     when one operand of a copy may sit at a run-time offset (NkiTensor.dyn): the executor's
-    dynamic copy (kind 4), the offset's admissible range worked out over the masked box."""
+    dynamic copy (kind 4), the offset's admissible range worked out over the masked box. An HBM
+    view indexed by a tile of row indices (NkiTensor.ind) makes the copy the executor's indirect
+    copy (kind 5: each index checked when the kernel runs; oob_skip: out-of-range rows skipped,
+    NKI's oob_mode.skip, instead of an error)."""
     t = _trace.current()
     S = tuple(int(s) for s in S)
     space_dims = list(range(len(S))) if space_dims is None else list(space_dims)
@@ -170,7 +173,7 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
         fail(f"an instruction over {nd} axes; at most {_trace.MAX_DIMS}")
     extent = [S[d] for d in space_dims]
     # operands
-    views, checks, srcs, moving = [], [], [], []
+    views, checks, srcs, moving, indirect = [], [], [], [], []
     for x in expr.srcs:
         if isinstance(x, NkiTensor):
             if x._buf.kind == "hbm" and not allow_hbm:
@@ -179,6 +182,8 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
             op, ch = _bind(x, S, space_dims)
             if x.dyn is not None:
                 moving.append((0, x, op))
+            if x.ind is not None:
+                indirect.append((0, x, op))
             views.append((x, op))
             checks += ch
             srcs.append(op)
@@ -206,6 +211,27 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
     dop = Operand(0, dst._buf.dtype, dst._buf.id, dst.offset, dstrides)
     if dst.dyn is not None:
         moving.append((1, dst, dop))
+    if dst.ind is not None:
+        indirect.append((1, dst, dop))
+    iop = None
+    if indirect:  # the index tile's operand: one integer per row (moved by masks as the rest)
+        if len(indirect) > 1 or moving:
+            fail("one side of a copy is indexed by run-time values (an index tile), not both")
+        _, x, op = indirect[0]
+        if expr.steps or nreduce or accumulate not in (None, "add") or len(expr.srcs) != 1 \
+                or not isinstance(expr.srcs[0], NkiTensor):
+            fail(f"{x!r} is indexed by a tile of row indices: only nl.load, nl.store, "
+                 f"nl.atomic_rmw and nisa.dma_copy / dma_transpose take such a view, with a "
+                 f"tile on the other side")
+        if x.ind[0].ndim == 2 and x.ind[0].shape[1] > 1:
+            fail(f"an index tile of shape {list(x.ind[0].shape)}: one row index per partition "
+                 f"([P, 1]) is supported (several index columns, the DMA's batching, are not)")
+        idx = _tensor.index_tile("indirect access", x.ind[0])
+        if idx.shape[0] != x.shape[0]:
+            fail(f"the index tile has {idx.shape[0]} rows and the access {list(x.shape)} "
+                 f"{x.shape[0]} partitions; they must match")
+        iop, _ = _bind(idx, S, space_dims)
+        op.offset += x.ind[1] * x.ind[2]  # encoded at the lowest admissible row
     if moving and dynamic is None:
         fail(f"{moving[0][1]!r} is indexed by a run-time value: only nisa.tensor_copy_dynamic_src"
              f" / tensor_copy_dynamic_dst take such a view")
@@ -240,7 +266,7 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
         _touch_write(dst._buf, full=False)
         return None
     if any(lo):
-        for op in srcs + [dop]:
+        for op in srcs + [dop] + ([iop] if iop is not None else []):
             if op.type != 1:
                 op.offset += sum(s * lw for s, lw in zip(op.strides, lo))
         for p in rest:
@@ -271,8 +297,13 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
         scale = x.dyn[2]
         op.offset += scale * offsets[0]
         _check_partitions(dynamic, x, op, extent, scale, *offsets)
-    for x, op in views + [(dst, dop)]:
-        lo_e, hi_e = view_span(NkiTensor(x._buf, op.offset, extent, op.strides))
+    ends = [(x, op.offset, op.strides) for x, op in views + [(dst, dop)]]
+    if indirect:  # the moving side at the last row too (an `ap` pattern has no per-axis checks)
+        _, x, op = indirect[0]
+        ends.append((x, op.offset + x.ind[1] * (x.ind[3] - x.ind[2]), op.strides))
+        ends.append((x.ind[0], iop.offset, iop.strides))
+    for x, offset, strides in ends:
+        lo_e, hi_e = view_span(NkiTensor(x._buf, offset, extent, strides))
         if lo_e < 0 or hi_e >= x._buf.numel:
             fail(f"access outside the tensor {list(x._buf.shape)} (elements {lo_e}..{hi_e})")
     # registers
@@ -306,6 +337,12 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
         _touch_read(value._buf)
         kind, full = 4, full and moving[0][0] == 0
         extra = (moving[0][0], moving[0][1].dyn[2], *offsets)
+    if indirect:  # csrc/nki program.h, kIndirect: rows ind[2] .. ind[3] admitted
+        target, x, _ = indirect[0]
+        srcs.append(iop)
+        _touch_read(x.ind[0]._buf)
+        kind, full = 5, full and target == 0 and not oob_skip
+        extra = (target, int(bool(oob_skip)), x.ind[1], x.ind[2], x.ind[3])
     _touch_write(dst._buf, full)
     instr = Instr(kind, extent, dop, srcs, steps, rest, nreduce=nreduce, reduce_op=reduce_op,
                   accumulate=accumulate is not None, acc_op=accumulate or "add",
@@ -390,9 +427,11 @@ def broadcast_shape(*xs):
         fail(f"operands of shapes {[list(s) for s in shapes]} do not broadcast")
 
 
-def copy_into(dst: NkiTensor, value, mask=None, allow_hbm=False):
+def copy_into(dst: NkiTensor, value, mask=None, allow_hbm=False, oob_skip=False,
+              accumulate=None):
     e = Expr()
-    emit(dst, dst.shape, e, e.src(value), mask=mask, allow_hbm=allow_hbm)
+    emit(dst, dst.shape, e, e.src(value), mask=mask, allow_hbm=allow_hbm, oob_skip=oob_skip,
+         accumulate=accumulate)
 
 
 def accumulate_into(dst: NkiTensor, value, op: str, mask=None):

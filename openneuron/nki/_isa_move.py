@@ -1,7 +1,9 @@
 """nisa instructions that move data across partitions as fixed patterns: dma_transpose (the DMA
-engines' permutations of a tile or an HBM tensor) and nc_stream_shuffle (the Vector Engine's
-partition shuffle within each 32-partition quadrant). Both are strided copies chosen when
-traced (a few executor copy instructions, no Python per element). isa.py re-exports them."""
+engines' permutations of a tile or an HBM tensor; its indirect form, rows of HBM gathered by a
+tile of indices and transposed, as the executor's indirect copy into a transposed view) and
+nc_stream_shuffle (the Vector Engine's partition shuffle within each 32-partition quadrant).
+Strided or indirect copies chosen when traced (a few executor copy instructions, no Python per
+element). isa.py re-exports them."""
 
 from __future__ import annotations
 
@@ -43,8 +45,8 @@ def dma_transpose(*args, axes=None, mask=None, dtype=None, dge_mode=None, dst=No
     3-D (2, 1, 0), 4-D (3, 1, 2, 0); axes, when given, must be that permutation. Beta 1:
     dma_transpose(src, axes=None) returns an SBUF tile (dtype converts); 0.x:
     dma_transpose(dst, src, axes=None) writes dst (an SBUF tile of the source's dtype).
-    dge_mode=hwdge checks the hardware DGE's limits; indirect (vector_offset) sources are not
-    supported."""
+    dge_mode=hwdge checks the hardware DGE's limits. An indirect source (0.x
+    src_hbm.ap(pattern, vector_offset=idx, indirect_dim=0)): see _indirect_transpose."""
     args = list(args)
     if "src" in _:
         args.append(_.pop("src"))
@@ -65,6 +67,8 @@ def dma_transpose(*args, axes=None, mask=None, dtype=None, dge_mode=None, dst=No
         fail(f"nisa.dma_transpose: axes {tuple(axes)} for a {src.ndim}-D source; the supported "
              f"one is {perm}")
     mode = _DgeMode.unknown if dge_mode is None else _DgeMode(int(dge_mode))
+    if src.ind is not None:
+        return _indirect_transpose(src, dst, axes, mask, dtype, mode)
     if mode == _DgeMode.hwdge:
         _check_hwdge(src)
     elif mode != _DgeMode.unknown:
@@ -87,6 +91,62 @@ def dma_transpose(*args, axes=None, mask=None, dtype=None, dge_mode=None, dst=No
             fail(f"nisa.dma_transpose: dst {list(out.shape)} must be the transposed shape "
                  f"{list(view.shape)}")
     _emit.copy_into(out, view, mask=mask, allow_hbm=True)
+    return out if dst is None else None
+
+
+def _indirect_transpose(src, dst, axes, mask, dtype, mode):
+    """The software DGE's gather-transpose (0.x): flat = indices.T.flatten()[:n] (column-major
+    over a [K, M] uint32 index tile), dst = src[flat, :].T, with the documented limits. One
+    indirect copy per index column, each into the transposed columns of dst it fills. 2-D only
+    (the documented 4-D form is not supported)."""
+    name = "nisa.dma_transpose (indirect)"
+    idx = src.ind[0]
+    if mode not in (_DgeMode.unknown, _DgeMode.swdge):
+        fail(f"{name}: dge_mode {mode.name}; an indirect transpose runs on the software DGE "
+             f"(unknown or swdge)")
+    if src.ndim != 2:
+        fail(f"{name}: a {src.ndim}-D source {list(src.shape)}; only 2-D indirect transposes "
+             f"are supported here")
+    if axes is not None and tuple(int(a) for a in axes) != (1, 0):
+        fail(f"{name}: axes {tuple(axes)}; a 2-D source transposes with (1, 0)")
+    if mask is not None:
+        fail(f"{name}: a mask is not supported")
+    n, c = src.shape
+    k, m = idx.shape
+    limits = [
+        (_trace.DTYPE_SIZES[src._buf.dtype] == 2, f"src dtype {src._buf.dtype} must be 2 bytes"),
+        (c <= 128, f"src.shape[-1] {c} must be at most 128"),
+        (idx._buf.dtype == "uint32", f"indices dtype {idx._buf.dtype} must be uint32"),
+        (k * m >= n, f"indices {list(idx.shape)} hold fewer than src.shape[0] = {n} entries"),
+        (n % 16 == 0, f"src.shape[0] {n} must be divisible by 16"),
+        (16 <= k <= 128 and k % 16 == 0,
+         f"indices.shape[0] {k} must be in [16, 128] and divisible by 16"),
+        (m == 1 or k == 128,
+         f"indices {list(idx.shape)}: with several columns indices.shape[0] must be 128"),
+    ]
+    for ok, why in limits:
+        if not ok:
+            fail(f"{name}: {why}")
+    if dst is None:
+        out = new_buffer((c, n), _trace.dtype_name(dtype or src.dtype), "sbuf")
+    else:
+        out = dst
+        if not isinstance(out, NkiTensor) or out._buf.kind != "sbuf" or out.ndim != 2:
+            fail(f"{name}: dst must be a 2-D SBUF tile")
+        if out._buf.dtype != src._buf.dtype:
+            fail(f"{name}: dst dtype {out._buf.dtype} differs from the source's "
+                 f"{src._buf.dtype}")
+        if tuple(out.shape) != (c, n):
+            fail(f"{name}: dst {list(out.shape)} must be the transposed shape {[c, n]}")
+    for j in range((n + k - 1) // k):
+        r0 = j * k
+        rows = min(k, n - r0)
+        column = NkiTensor(idx._buf, idx.offset + j * idx.strides[1], (rows,), idx.strides[:1])
+        part = NkiTensor(src._buf, src.offset + r0 * src.strides[0], (rows, c), src.strides,
+                         ind=(column, *src.ind[1:]))
+        into = NkiTensor(out._buf, out.offset + r0 * out.strides[1], (rows, c),
+                         (out.strides[1], out.strides[0]))
+        _emit.copy_into(into, part, allow_hbm=True)
     return out if dst is None else None
 
 

@@ -324,9 +324,9 @@ class NkiTensor:
     partition axis. `checks` bound each indexed axis of an advanced-indexed view: (const,
     coefs per axis of this view, size), checked against masks when an instruction uses it."""
 
-    __slots__ = ("__weakref__", "_buf", "checks", "dyn", "offset", "shape", "strides")
+    __slots__ = ("__weakref__", "_buf", "checks", "dyn", "ind", "offset", "shape", "strides")
 
-    def __init__(self, buf, offset=0, shape=None, strides=None, checks=(), dyn=None):
+    def __init__(self, buf, offset=0, shape=None, strides=None, checks=(), dyn=None, ind=None):
         self._buf = buf
         self.offset = int(offset)
         self.shape = tuple(int(s) for s in (buf.shape if shape is None else shape))
@@ -341,6 +341,11 @@ class NkiTensor:
         # (value, coef, scale): the element offset moves `scale` per unit of the run-time
         # `value`; its axis's check in `checks` is marked ("dyn", axis, coef) (index()).
         self.dyn = dyn
+        # (index tile, scale, lowest, highest): an HBM view whose axis 0 (partition p) sits at
+        # row index[p], rows `scale` elements apart, the view as given being row 0; indices
+        # from lowest to highest keep it in the tensor (the DMA's indirect access,
+        # _index_indirect, ap(vector_offset=)); `strides[0]` is what moves with p besides.
+        self.ind = ind
 
     # attributes kernels read
     @property
@@ -393,6 +398,9 @@ class NkiTensor:
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         if int(np.prod(shape, dtype=np.int64)) != self.size:
             fail(f"cannot reshape {list(self.shape)} to {list(shape)}")
+        if self.ind is not None or self.dyn is not None:
+            fail(f"reshape of {self!r}, a view indexed by run-time values; index the reshaped "
+                 f"tensor instead")
         if NkiTensor(self._buf, 0, self.shape).strides != self.strides:
             fail("reshape of a non-contiguous view; copy it into a tile first")
         if self._buf.kind != "hbm" and shape[0] != self.shape[0]:
@@ -404,11 +412,21 @@ class NkiTensor:
         from openneuron.nki import language as nl
         return nl.broadcast_to(self, shape)
 
-    def ap(self, pattern, offset=0):
+    def ap(self, pattern, offset=0, vector_offset=None, indirect_dim=0, scalar_offset=None,
+           **_):
         """A raw access pattern: [[step, count], ...] over this tensor's elements (the first
-        pair is the partition axis of a tile), from `offset` elements past this view's start."""
+        pair is the partition axis of a tile), from `offset` elements past this view's start.
+        vector_offset (0.x indirect DMA, HBM only): an SBUF tile of row indices, one per
+        partition of the pattern: partition p reads row vector_offset[p] of axis indirect_dim
+        (0) instead of stepping by the first pair's step (which must be that row stride)."""
         strides = [int(p[0]) for p in pattern]
         shape = [int(p[1]) for p in pattern]
+        if scalar_offset is not None:
+            fail("ap(scalar_offset=...) is not supported on the neuron NKI executor; use "
+                 "nisa.tensor_copy_dynamic_src / _dst for a run-time offset within a tile")
+        if vector_offset is not None:
+            return _ap_indirect(self, strides, shape, int(offset), vector_offset,
+                                int(indirect_dim))
         view = NkiTensor(self._buf, self.offset + int(offset), shape, strides)
         lo, hi = view_span(view)
         if lo < 0 or hi >= self._buf.numel:
@@ -535,7 +553,7 @@ def index(t: NkiTensor, key) -> NkiTensor:
     """t[key]: ints, slices, nl.ds, Ellipsis, or affine index expressions (with ints); one axis
     may be indexed by a run-time value (DynIndex, a one-element integer tile, a register, or
     nl.ds starting at one)."""
-    if t.dyn is not None:
+    if t.dyn is not None or t.ind is not None:
         fail("a view indexed by a run-time value cannot be indexed again; put every index in "
              "one subscript")
     key = list(key) if isinstance(key, tuple) else [key]
@@ -546,6 +564,10 @@ def index(t: NkiTensor, key) -> NkiTensor:
     if len(key) > t.ndim:
         fail(f"too many indices ({len(key)}) for a tensor of shape {list(t.shape)}")
     key += [slice(None)] * (t.ndim - len(key))
+    if t._buf.kind == "hbm":
+        ind_axes = [d for d, k in enumerate(key) if isinstance(k, NkiTensor) and k.ndim >= 1]
+        if ind_axes:
+            return _index_indirect(t, key, ind_axes)
     dyn_axes = [d for d, k in enumerate(key) if _dynamic_key(k) is not None]
     if dyn_axes:
         return _index_dynamic(t, key, dyn_axes)
@@ -651,3 +673,88 @@ def _index_dynamic(t: NkiTensor, key, dyn_axes) -> NkiTensor:
         offset = view.offset + t.strides[d] * int(dyn.static)
     return NkiTensor(t._buf, offset, view.shape, view.strides, checks,
                      (dyn.value, dyn.coef, t.strides[d] * dyn.coef))
+
+
+_INDEX_DTYPES = ("int32", "uint32", "int16", "uint16", "int8", "uint8")
+
+
+def index_tile(name, idx) -> NkiTensor:
+    """The [P] view of a tile of row indices ([P] or [P, 1]: one integer per partition, in
+    SBUF), as the DMA's indirect accesses read them."""
+    if not isinstance(idx, NkiTensor) or idx._buf.kind != "sbuf" or \
+            idx._buf.dtype not in _INDEX_DTYPES:
+        got = repr(idx) if isinstance(idx, NkiTensor) else type(idx).__name__
+        fail(f"{name}: the row indices must be an integer tile in SBUF (int32 or uint32: load "
+             f"them with nl.load or make them with nisa.iota), got {got}")
+    if idx.dyn is not None or idx.ind is not None:
+        fail(f"{name}: the index tile is itself indexed by a run-time value")
+    if idx.ndim < 1 or any(n != 1 for n in idx.shape[1:]):
+        fail(f"{name}: an index tile holds one row index per partition ([P] or [P, 1]), got "
+             f"{list(idx.shape)}")
+    return NkiTensor(idx._buf, idx.offset, idx.shape[:1], idx.strides[:1])
+
+
+def _index_indirect(t: NkiTensor, key, ind_axes) -> NkiTensor:
+    """t[idx_tile, iy] on an HBM tensor: partition p of the view reads row idx_tile[p] of the
+    indexed axis (NKI's indirect DMA, Beta 1 nl.load / nl.store / nisa.dma_copy). The view is
+    built with arange(P) in the index's place, then that axis's stride is taken out (the
+    executor adds index * stride, csrc/nki kIndirect) and its static bound check dropped (each
+    index is checked when the kernel runs)."""
+    if len(ind_axes) > 1:
+        fail(f"one index tile per access; axes {ind_axes} of {list(t.shape)} are indexed by tiles")
+    d = ind_axes[0]
+    idx = index_tile("indirect access", key[d])
+    if any(_dynamic_key(k) is not None for j, k in enumerate(key) if j != d):
+        fail("an indirect access takes one index tile and static indices otherwise")
+    if any(not isinstance(k, (int, np.integer)) for k in key[:d]):
+        fail(f"the index tile indexes axis {d} of {list(t.shape)}: the axes before it take "
+             f"integers (the indexed rows become the partition axis)")
+    P = idx.shape[0]
+    key = list(key)
+    if any(isinstance(k, IndexExpr) for k in key):
+        g = max([2] + [len(k.shape) for k in key if isinstance(k, IndexExpr)])
+        key[d] = IndexExpr((P,) + (1,) * (g - 1), 0, (1,) + (0,) * (g - 1))
+        view = _index_affine(NkiTensor(t._buf, t.offset, t.shape[:d] + (P,) + t.shape[d + 1:],
+                                       t.strides), key)
+        checks = tuple(c for c in view.checks if c[3] != d)
+    else:
+        key[d] = slice(None)
+        view = index(NkiTensor(t._buf, t.offset, t.shape[:d] + (P,) + t.shape[d + 1:],
+                               t.strides), tuple(key))
+        checks = view.checks
+    if not view.shape or view.shape[0] != P:
+        fail(f"internal: indirect view {list(view.shape)} does not start with the {P} indices")
+    strides = (view.strides[0] - t.strides[d],) + tuple(view.strides[1:])
+    return NkiTensor(t._buf, view.offset, view.shape, strides, checks,
+                     ind=(idx, t.strides[d], 0, t.shape[d] - 1))
+
+
+def _ap_indirect(t: NkiTensor, strides, shape, offset, idx, indirect_dim) -> NkiTensor:
+    """t.ap(pattern, vector_offset=idx, indirect_dim=0): the 0.x spelling of an indirect
+    access (see _index_indirect), the rows admitted being those that keep the whole pattern
+    in the tensor."""
+    if t._buf.kind != "hbm":
+        fail("ap(vector_offset=...): the tensor indexed by row indices must be in HBM")
+    if not isinstance(idx, NkiTensor) or idx._buf.kind != "sbuf" or \
+            idx._buf.dtype not in _INDEX_DTYPES or idx.ndim != 2:
+        got = repr(idx) if isinstance(idx, NkiTensor) else type(idx).__name__
+        fail(f"ap(vector_offset=...) takes a 2-D integer SBUF tile of row indices ([P, 1], "
+             f"int32 or uint32), got {got}")
+    if indirect_dim != 0:
+        fail(f"ap(vector_offset=..., indirect_dim={indirect_dim}): only indirect_dim=0 (rows "
+             f"of the tensor's first axis) is supported")
+    full = t._buf.shape
+    scale = int(np.prod(full[1:], dtype=np.int64)) if len(full) > 1 else 1
+    if not shape or strides[0] != scale:
+        fail(f"ap(vector_offset=...): the pattern's first pair [{strides[0] if shape else '-'}, "
+             f"...] must step by the tensor's row stride {scale} (each index picks a row of "
+             f"{list(full)})")
+    view = NkiTensor(t._buf, t.offset + offset, shape, [0] + strides[1:])
+    lo, hi = view_span(view)
+    rows = full[0] if full else 1
+    vmin = max(0, -(lo // scale)) if lo < 0 else 0
+    vmax = min(rows - 1, (t._buf.numel - 1 - hi) // scale)
+    if vmin > vmax:
+        fail(f"access pattern {[[a, b] for a, b in zip(strides, shape)]} at offset {offset} "
+             f"leaves the tensor {list(full)} whatever the row index")
+    return NkiTensor(t._buf, view.offset, shape, view.strides, ind=(idx, scale, vmin, vmax))

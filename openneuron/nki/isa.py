@@ -54,6 +54,18 @@ class dge_mode(enum.IntEnum):
     none = 3
 
 
+class oob_mode(enum.IntEnum):
+    """What an indirect DMA does with a row index outside its HBM tensor: fail when the kernel
+    runs (error, naming the line) or leave that row alone (skip)."""
+
+    error = 0
+    skip = 1
+
+
+_OobMode = oob_mode
+_DgeModeEnum = dge_mode
+
+
 class nc_version(enum.IntEnum):
     gen2 = 2
     gen3 = 3
@@ -408,8 +420,46 @@ def bn_aggr(data, mask=None, dtype=None, dst=None, **_):
 
 # --- data movement and randomness --------------------------------------------------------------
 
-def dma_copy(dst, src, mask=None, dge_mode=None, **_):
-    """dst <- src between any of HBM, SBUF and PSUM (shapes match; dtypes convert)."""
+def _rmw_op(op):
+    """dst_rmw_op: None, or addition (np.add / nl.add), the one the DMA engines compute."""
+    if op is None:
+        return None
+    if getattr(op, "_nki_op", None) == "add" or op is np.add or op == "add":
+        return "add"
+    fail(f"nisa.dma_copy: dst_rmw_op {getattr(op, '__name__', op)!r}; only np.add / nl.add "
+         f"(dst = dst + src) is supported")
+    return None
+
+
+def dma_copy(*args, dst=None, src=None, mask=None, dge_mode=None, oob_mode=None,
+             dst_rmw_op=None, **_):
+    """dst <- src between any of HBM, SBUF and PSUM (shapes match; dtypes convert);
+    dst_rmw_op=np.add: dst <- dst + src (in float32). An HBM side indexed by a tile of row
+    indices (Beta 1 in_tensor[idx_tile, iy], 0.x tensor.ap(..., vector_offset=idx)) gathers or
+    scatters rows: each index is checked when the kernel runs; oob_mode=skip leaves a row whose
+    index is out of range alone instead of failing. Scatter indices that repeat: the last row
+    wins (with dst_rmw_op, every row is added, in order)."""
+    args = list(args)
+    if dst is None and args:
+        dst = args.pop(0)
+    if src is None and args:
+        src = args.pop(0)
+    if args or dst is None or src is None:
+        fail("nisa.dma_copy takes dst and src")
+    for what, t in (("dst", dst), ("src", src)):
+        if not isinstance(t, NkiTensor):
+            fail(f"nisa.dma_copy: {what} must be a tensor, got {type(t).__name__}")
+    acc = _rmw_op(dst_rmw_op)
+    skip = oob_mode is not None and _OobMode(int(oob_mode)) == _OobMode.skip
+    indirect = src.ind is not None or dst.ind is not None
+    if acc is not None and skip:
+        fail("nisa.dma_copy: with dst_rmw_op only oob_mode=nisa.oob_mode.error is allowed")
+    if indirect and dge_mode is not None and _DgeModeEnum(int(dge_mode)) == _DgeModeEnum.hwdge:
+        fail("nisa.dma_copy: a gather or scatter by a tile of row indices needs the software "
+             "DGE (dge_mode=swdge, none or unknown), not hwdge")
+    if tuple(dst.shape) != tuple(src.shape) and indirect:
+        fail(f"nisa.dma_copy shapes differ: dst {list(dst.shape)}, src {list(src.shape)}; an "
+             f"indirect copy needs the same shape on both sides")
     if tuple(dst.shape) != tuple(src.shape):
         if int(np.prod(dst.shape)) != int(np.prod(src.shape)):
             fail(f"dma_copy shapes differ: dst {list(dst.shape)}, src {list(src.shape)}")
@@ -419,7 +469,7 @@ def dma_copy(dst, src, mask=None, dge_mode=None, **_):
             dst = dst.reshape(src.shape)
         else:
             fail(f"dma_copy shapes differ: dst {list(dst.shape)}, src {list(src.shape)}")
-    _emit.copy_into(dst, src, mask=mask, allow_hbm=True)
+    _emit.copy_into(dst, src, mask=mask, allow_hbm=True, oob_skip=skip, accumulate=acc)
 
 
 @_generations(2)

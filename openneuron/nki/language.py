@@ -190,8 +190,24 @@ def store(dst, value, mask=None, **_):
     _emit.copy_into(dst, value, mask=mask, allow_hbm=True)
 
 
+def atomic_rmw(dst, value, op, mask=None, **_):
+    """dst <- op(dst, value) on HBM, dst indexed by a tile of row indices (rmw[indices_tile,
+    ix]); op np.add / nl.add. Rows whose indices repeat are all added, in row order."""
+    if not isinstance(dst, NkiTensor) or dst._buf.kind != "hbm" or dst.ind is None:
+        fail("nl.atomic_rmw updates an HBM tensor indexed by a tile of row indices: "
+             "nl.atomic_rmw(rmw_tensor[indices_tile, ix], value=tile, op=np.add)")
+    if not (getattr(op, "_nki_op", None) == "add" or op is np.add):
+        fail(f"nl.atomic_rmw: op {getattr(op, '__name__', op)!r}; only np.add is supported")
+    if not isinstance(value, NkiTensor):
+        value = full(dst.shape, value, dst._buf.dtype)
+    _emit.copy_into(dst, value, mask=mask, allow_hbm=True, accumulate="add")
+
+
 def load_transpose2d(src, mask=None, dtype=None, **_):
     """HBM [F, P] -> SBUF tile [P, F] (the DMA transposes)."""
+    if src.ind is not None:
+        fail("nl.load_transpose2d of a view indexed by a tile of row indices is not supported; "
+             "load the rows, then nl.transpose them")
     if src.ndim != 2:
         fail("nl.load_transpose2d takes a 2-D view")
     view = NkiTensor(src._buf, src.offset, src.shape[::-1], src.strides[::-1])
