@@ -219,6 +219,37 @@ def test_embedding_lookup_matches_torch_embedding_on_neuron():
         torch.testing.assert_close(got.cpu(), want.cpu(), rtol=0, atol=0)
 
 
+def test_index_tile_among_other_indices():
+    """The index tile with index expressions on a 3-D table, alone (whole rows), after an
+    integer, with a slice of the row, and in grid instances."""
+    d3, d4 = rand(10, 4, 6), rand(3, 10, 6)
+    idx = RNG.integers(0, 10, size=(5, 1)).astype(np.int32)
+
+    @nki.jit
+    def k(d3, d4, idx):
+        outs = [nl.ndarray(s, dtype=nl.float32, buffer=nl.shared_hbm)
+                for s in ([5, 4, 6], [5, 4, 6], [5, 6], [5, 3])]
+        ids = nl.load(idx)
+        _, iy, iz = nl.mgrid[0:5, 0:4, 0:6]
+        for out, view in zip(outs, (d3[ids, iy, iz], d3[ids], d4[2, ids, :], d4[2, ids, 1:4])):
+            nl.store(out, nl.load(view))
+        return tuple(outs)
+
+    got = k(d3, d4, idx)
+    rows = idx[:, 0]
+    for g, want in zip(got, (d3[rows], d3[rows], d4[2, rows], d4[2, rows, 1:4])):
+        np.testing.assert_array_equal(g, want)
+
+    @nki.jit
+    def grid(d, idx):
+        out = nl.ndarray([3, 5, 6], dtype=d.dtype, buffer=nl.shared_hbm)
+        g = nl.program_id(0)
+        nl.store(out[g], nl.load(d[g, nl.load(idx), :]))
+        return out
+
+    np.testing.assert_array_equal(grid[3](d4, idx), d4[:, rows])
+
+
 # --- Beta 1: nisa.dma_copy with an indexed side ------------------------------------------------
 
 @nki.jit
