@@ -96,24 +96,25 @@ def dma_transpose(*args, axes=None, mask=None, dtype=None, dge_mode=None, dst=No
 
 def _indirect_transpose(src, dst, axes, mask, dtype, mode):
     """The software DGE's gather-transpose (0.x): flat = indices.T.flatten()[:n] (column-major
-    over a [K, M] uint32 index tile), dst = src[flat, :].T, with the documented limits. One
-    indirect copy per index column, each into the transposed columns of dst it fills. 2-D only
-    (the documented 4-D form is not supported)."""
+    over a [K, M] uint32 index tile), gathered = src[flat, ...], dst = gathered permuted as a
+    direct transpose of its rank (2-D (1, 0), 4-D (3, 1, 2, 0)), with the documented limits.
+    One indirect copy per index column, each into the part of dst its rows fill."""
     name = "nisa.dma_transpose (indirect)"
     idx = src.ind[0]
     if mode not in (_DgeMode.unknown, _DgeMode.swdge):
         fail(f"{name}: dge_mode {mode.name}; an indirect transpose runs on the software DGE "
              f"(unknown or swdge)")
-    if src.ndim != 2:
-        fail(f"{name}: a {src.ndim}-D source {list(src.shape)}; only 2-D indirect transposes "
-             f"are supported here")
-    if axes is not None and tuple(int(a) for a in axes) != (1, 0):
-        fail(f"{name}: axes {tuple(axes)}; a 2-D source transposes with (1, 0)")
+    if src.ndim not in (2, 4):
+        fail(f"{name}: a {src.ndim}-D source {list(src.shape)}; indirect transposes are 2-D or "
+             f"4-D")
     if mask is not None:
         fail(f"{name}: a mask is not supported")
-    n, c = src.shape
+    perm = _PERMUTATIONS[src.ndim]
+    n, c = src.shape[0], src.shape[-1]
     k, m = idx.shape
     limits = [
+        (src.ndim == 2 or 1 in src.shape[1:3],
+         f"a 4-D src {list(src.shape)} needs shape[1] or shape[2] to be 1"),
         (_trace.DTYPE_SIZES[src._buf.dtype] == 2, f"src dtype {src._buf.dtype} must be 2 bytes"),
         (c <= 128, f"src.shape[-1] {c} must be at most 128"),
         (idx._buf.dtype == "uint32", f"indices dtype {idx._buf.dtype} must be uint32"),
@@ -127,25 +128,27 @@ def _indirect_transpose(src, dst, axes, mask, dtype, mode):
     for ok, why in limits:
         if not ok:
             fail(f"{name}: {why}")
+    shape = tuple(src.shape[a] for a in perm)
     if dst is None:
-        out = new_buffer((c, n), _trace.dtype_name(dtype or src.dtype), "sbuf")
+        out = new_buffer(shape, _trace.dtype_name(dtype or src.dtype), "sbuf")
     else:
         out = dst
-        if not isinstance(out, NkiTensor) or out._buf.kind != "sbuf" or out.ndim != 2:
-            fail(f"{name}: dst must be a 2-D SBUF tile")
+        if not isinstance(out, NkiTensor) or out._buf.kind != "sbuf":
+            fail(f"{name}: dst must be an SBUF tile")
         if out._buf.dtype != src._buf.dtype:
             fail(f"{name}: dst dtype {out._buf.dtype} differs from the source's "
                  f"{src._buf.dtype}")
-        if tuple(out.shape) != (c, n):
-            fail(f"{name}: dst {list(out.shape)} must be the transposed shape {[c, n]}")
+        if tuple(out.shape) != shape:
+            fail(f"{name}: dst {list(out.shape)} must be the transposed shape {list(shape)}")
+    # dst seen in the source's axis order: source axis a is dst axis perm.index(a)
+    into_strides = [out.strides[perm.index(a)] for a in range(src.ndim)]
     for j in range((n + k - 1) // k):
         r0 = j * k
         rows = min(k, n - r0)
         column = NkiTensor(idx._buf, idx.offset + j * idx.strides[1], (rows,), idx.strides[:1])
-        part = NkiTensor(src._buf, src.offset + r0 * src.strides[0], (rows, c), src.strides,
-                         ind=(column, *src.ind[1:]))
-        into = NkiTensor(out._buf, out.offset + r0 * out.strides[1], (rows, c),
-                         (out.strides[1], out.strides[0]))
+        part = NkiTensor(src._buf, src.offset + r0 * src.strides[0], (rows,) + src.shape[1:],
+                         src.strides, ind=(column, *src.ind[1:]))
+        into = NkiTensor(out._buf, out.offset + r0 * into_strides[0], part.shape, into_strides)
         _emit.copy_into(into, part, allow_hbm=True)
     return out if dst is None else None
 

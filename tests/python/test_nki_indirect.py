@@ -394,6 +394,23 @@ def gather_transpose_2d_kernel(src_hbm, idx_hbm):
     return output
 
 
+@nki.jit
+def gather_transpose_4d_kernel(src_hbm, idx_hbm):
+    """The 4-D example with 2-D indices [128, N]."""
+    _, d1, d2, d3 = src_hbm.shape
+    _, N = idx_hbm.shape
+    F = 128 * N
+    idx_sb = nl.load(idx_hbm)
+    dst_sb = nl.ndarray((d3, d1, d2, F), dtype=src_hbm.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=dst_sb, value=0)
+    src_ap = src_hbm.ap(pattern=[[d1 * d2 * d3, F], [d2 * d3, d1], [d3, d2], [1, d3]],
+                        vector_offset=idx_sb, indirect_dim=0)
+    nisa.dma_transpose(dst=dst_sb, src=src_ap, axes=(3, 1, 2, 0))
+    output = nl.ndarray((d3, d1, d2, F), dtype=src_hbm.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=output, src=dst_sb)
+    return output
+
+
 def test_0x_dma_transpose_indirect_examples():
     src = rand(300, 128, dtype=np.float16)
     idx = RNG.integers(0, 300, size=(128, 1)).astype(np.uint32)
@@ -411,6 +428,12 @@ def test_0x_dma_transpose_indirect_examples():
     bad[7, 0] = 300
     with pytest.raises(RuntimeError, match=r"row index 300 \(partition 7"):
         gather_transpose_kernel(src, bad)
+    for shape in ((300, 3, 1, 32), (300, 1, 2, 16)):  # shape[1] or shape[2] is 1
+        src4 = rand(*shape, dtype=np.float16)
+        got = gather_transpose_4d_kernel(src4, idx2)
+        np.testing.assert_array_equal(got, src4[flat].transpose(3, 1, 2, 0))
+    with pytest.raises(nki.NkiError, match=r"needs shape\[1\] or shape\[2\] to be 1"):
+        gather_transpose_4d_kernel(rand(300, 2, 2, 8, dtype=np.float16), idx2)
 
 
 # --- errors when traced ------------------------------------------------------------------------
