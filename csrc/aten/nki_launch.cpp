@@ -104,13 +104,16 @@ py::dict nki_tables() {
 }
 
 void nki_host_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float* c, int64_t ldc) {
-  // CPU tensors over the caller's buffers (nothing owned, nothing copied): c = a^T b.
+                   int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  // CPU tensors over the caller's buffers (nothing owned, nothing copied): c (+)= a^T b.
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   at::Tensor at_a = at::from_blob(const_cast<float*>(a), {K, M}, {lda, 1}, f32);
   at::Tensor at_b = at::from_blob(const_cast<float*>(b), {K, N}, {ldb, 1}, f32);
   at::Tensor at_c = at::from_blob(c, {M, N}, {ldc, 1}, f32);
-  at::mm_out(at_c, at_a.t(), at_b);
+  if (accumulate)
+    at_c.addmm_(at_a.t(), at_b);
+  else
+    at::mm_out(at_c, at_a.t(), at_b);
 }
 
 }  // namespace

@@ -184,8 +184,17 @@ void run_matmul(const Instr& in, char* const* slots, bool parallel) {
   const int64_t n_blocks = Np / kColBlock;
   const bool large = parallel && n_blocks > 1 && M * N * K >= kParallelFmas;
   const GemmBackend host_gemm = g_gemm_backend.load(std::memory_order_relaxed);
+  // An `acc += matmul(...)` whose own result nobody reads: the GEMM adds into the accumulator
+  // itself (one pass over it instead of a result tile written, read and added).
+  const Operand& acc = in.acc_dst;
+  if (host_gemm != nullptr && large && in.absorbs_next && in.dst_dead &&
+      acc.dtype == DType::k_float32 && acc.stride[1] == 1) {
+    host_gemm(M, N, K, pa, lda, pb, ldb, reinterpret_cast<float*>(slots[acc.slot]) + acc.offset,
+              acc.stride[0], true);
+    return;
+  }
   if (host_gemm != nullptr && large) {
-    host_gemm(M, N, K, pa, lda, pb, ldb, pc, Np);
+    host_gemm(M, N, K, pa, lda, pb, ldb, pc, Np, false);
     runtime::parallel_for(0, n_blocks, 1, [&](int64_t blk0, int64_t blk1) {
       store_cols(in, slots, pc, Np, blk0 * kColBlock, std::min(N, blk1 * kColBlock));
     });

@@ -211,13 +211,14 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
 void program_run(const Program& p, void* const* slots);
 
 // (optional) The host's float32 GEMM for tile matmuls: row-major c[M x N] (row stride ldc) =
-// a^T b with a [K x M] (row stride lda) and b [K x N] (row stride ldb), rows unit-stride.
+// a^T b (accumulate: c += a^T b) with a [K x M] (row stride lda) and b [K x N] (row stride
+// ldb), rows unit-stride.
 // Must not throw; may use the intra-op threads. The extension installs ATen's CPU BLAS at
 // import; without one (torch-free builds, gtests) the built-in register-blocked kernel runs.
 // Its summation order is the BLAS's, not the built-in kernel's (float32 either way). Set once
 // at start-up, before work runs.
 using GemmBackend = void (*)(int64_t M, int64_t N, int64_t K, const float* a, int64_t lda,
-                             const float* b, int64_t ldb, float* c, int64_t ldc);
+                             const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
 void set_gemm_backend(GemmBackend gemm);
 
 // Internals shared by program.cpp, rewrite.cpp, execute.cpp and matmul.cpp.

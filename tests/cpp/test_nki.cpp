@@ -2,7 +2,8 @@
 // per-row predicate, a reduction, a tile matmul, the parser's refusal of any operand that
 // leaves its slot (the guarantee that no traced program can fault), and the schedule: chains
 // run in row blocks (partition-broadcast reads and one-axis column instructions among them), a
-// cross-row dependency or aliasing arguments keep the written order.
+// cross-row dependency or aliasing arguments keep the written order; K tiles of one accumulator
+// merged into one matmul.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -332,6 +333,52 @@ TEST(Nki, MatmulAbsorbsTheAccumulateAfterIt) {
         for (int k = 0; k < K; ++k) ref += st[k * M + m] * mv[k * N + n];
         EXPECT_EQ(acc[m * N + n], acc0[m * N + n] + ref);
         EXPECT_EQ(copy[m * N + n], read_back ? ref : -1.0f);
+      }
+  }
+}
+
+// NKI's loop over K tiles, `acc += matmul(a[k], b[k])` with operands the next K rows of the
+// previous tile's, runs as one matmul over the whole K range (the second one dropped); operands
+// that are not the next rows (variant gap: one row further) keep two matmuls. Same sums.
+TEST(Nki, KTilesOfOneAccumulatorMergeIntoOneMatmul) {
+  const int K = 3, M = 4, N = 5;
+  for (bool gap : {false, true}) {
+    const int rows = 2 * K + 1;
+    // slots: stationary [rows x M], moving [rows x N], acc (HBM), arena (the result tile)
+    Encoder e({rows * M * 4, rows * N * 4, M * N * 4, M * N * 4});
+    e.w.insert(e.w.end(), {1, 4});
+    for (int t = 0; t < 2; ++t) {
+      const int k0 = t * (K + (gap ? 1 : 0));
+      e.header(1, {M, N, K});  // tile = a[k0 : k0 + K]^T b[k0 : k0 + K]
+      e.operand(0, 3, 0, {N, 1, 0});
+      e.w.push_back(2);
+      e.operand(0, 0, k0 * M, {1, 0, M});
+      e.operand(0, 1, k0 * N, {0, 1, N});
+      e.w.insert(e.w.end(), {0, 0});
+      e.header(0, {M, N}, 0, kAdd, /*acc=*/true);  // acc += tile
+      e.operand(0, 2, 0, {N, 1});
+      e.w.push_back(1);
+      e.operand(0, 3, 0, {N, 1});
+      e.w.insert(e.w.end(), {0, 0});
+    }
+    auto p = e.parse();
+    const std::vector<Instr>& r = p->rewritten[0];
+    EXPECT_EQ(r[0].extent[2], gap ? K : 2 * K);
+    EXPECT_EQ(r[2].dropped, !gap);
+    std::vector<float> st(rows * M), mv(rows * N), acc(M * N);
+    for (int i = 0; i < rows * M; ++i) st[i] = static_cast<float>(i % 5 + 1);
+    for (int i = 0; i < rows * N; ++i) mv[i] = static_cast<float>(i % 7) - 3.0f;
+    for (int i = 0; i < M * N; ++i) acc[i] = 0.5f * static_cast<float>(i);
+    const std::vector<float> acc0 = acc;
+    void* slots[] = {st.data(), mv.data(), acc.data(), nullptr};
+    program_run(*p, slots);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        float ref = 0;  // small integers: exact in any order
+        for (int t = 0; t < 2; ++t)
+          for (int k = t * (K + (gap ? 1 : 0)), k1 = k + K; k < k1; ++k)
+            ref += st[k * M + m] * mv[k * N + n];
+        EXPECT_EQ(acc[m * N + n], acc0[m * N + n] + ref) << "gap " << gap;
       }
   }
 }
