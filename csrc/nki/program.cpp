@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "runtime/parallel.h"
 
@@ -183,6 +184,17 @@ bool integer_dtype(DType dt) {
          dt == DType::k_uint16 || dt == DType::k_int8 || dt == DType::k_uint8;
 }
 
+// A copy's operand that moves with a run-time value, checked at the far end of its range: `steps`
+// units of `scale` elements past where it is encoded (the generic checks see it there).
+void check_far_end(const Reader& r, const Program& p, const Instr& in, Operand moved, int64_t steps,
+                   int64_t scale, const char* what) {
+  int64_t shift;
+  if (__builtin_mul_overflow(steps, scale, &shift) ||
+      __builtin_add_overflow(moved.offset, shift, &moved.offset))
+    r.fail(std::string(what) + " offset range overflows");
+  check_view(r, p, moved, in, what);
+}
+
 // See Instr (kDynamicCopy): a plain copy plus one integer value; the moving operand is checked
 // here at dyn_max (the generic checks see it at dyn_min), so every offset the run-time check
 // admits stays inside the slot (a view's span moves linearly with its offset).
@@ -194,12 +206,8 @@ void check_dynamic_copy(const Reader& r, const Program& p, const Instr& in) {
   bool scalar = value.type == Operand::kView && integer_dtype(value.dtype);
   for (int d = 0; d < in.ndim; ++d) scalar = scalar && value.stride[d] == 0;
   if (!scalar) r.fail("dynamic copy offset is not one element of an integer tile");
-  Operand moved = in.dyn_target == 0 ? in.src[0] : in.dst;
-  int64_t shift;
-  if (__builtin_mul_overflow(in.dyn_max - in.dyn_min, in.dyn_scale, &shift) ||
-      __builtin_add_overflow(moved.offset, shift, &moved.offset))
-    r.fail("dynamic copy offset range overflows");
-  check_view(r, p, moved, in, in.dyn_target == 0 ? "dynamic source" : "dynamic destination");
+  check_far_end(r, p, in, in.dyn_target == 0 ? in.src[0] : in.dst, in.dyn_max - in.dyn_min,
+                in.dyn_scale, in.dyn_target == 0 ? "dynamic source" : "dynamic destination");
 }
 
 // See Instr (kIndirect): a plain copy (or `dst += src`) plus one integer per row; the moving
@@ -214,12 +222,8 @@ void check_indirect(const Reader& r, const Program& p, const Instr& in) {
   bool per_row = index.type == Operand::kView && integer_dtype(index.dtype);
   for (int d = 1; d < in.ndim; ++d) per_row = per_row && index.stride[d] == 0;
   if (!per_row) r.fail("indirect copy index is not one integer per row");
-  Operand moved = in.ind_target == 0 ? in.src[0] : in.dst;
-  int64_t shift;
-  if (__builtin_mul_overflow(in.ind_max - in.ind_min, in.ind_scale, &shift) ||
-      __builtin_add_overflow(moved.offset, shift, &moved.offset))
-    r.fail("indirect copy index range overflows");
-  check_view(r, p, moved, in, in.ind_target == 0 ? "indirect source" : "indirect destination");
+  check_far_end(r, p, in, in.ind_target == 0 ? in.src[0] : in.dst, in.ind_max - in.ind_min,
+                in.ind_scale, in.ind_target == 0 ? "indirect source" : "indirect destination");
 }
 
 Instr read_instr(Reader& r, const Program& p) {
