@@ -59,17 +59,19 @@ def layer_norm_case(rows: int, n: int, backward: bool):
     return f"layer_norm {'fwd+bwd' if backward else 'fwd'} [{rows}, {n}]", build
 
 
-def sdpa_case(b: int, h: int, l: int, e: int, causal: bool, backward: bool):
+def sdpa_case(b: int, h: int, l: int, e: int, causal: bool, backward: bool, s: int = 0):
+    """s: keys when not l (a decode step: l query rows against an s-long KV cache)."""
     def build(device, dtype):
-        q, k, v = (torch.randn(b, h, l, e, device=device, dtype=dtype, requires_grad=backward)
-                   for _ in range(3))
+        q, k, v = (torch.randn(b, h, n, e, device=device, dtype=dtype, requires_grad=backward)
+                   for n in (l, s or l, s or l))
         g = torch.randn(b, h, l, e, device=device, dtype=dtype)
         f = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         if not backward:
             return f
         return lambda: torch.autograd.grad(f(), (q, k, v), g)
     tag = "causal " if causal else ""
-    return f"sdpa {tag}{'fwd+bwd' if backward else 'fwd'} [{b},{h},{l},{e}]", build
+    rows = f"{l}x{s}" if s else f"{l}"
+    return f"sdpa {tag}{'fwd+bwd' if backward else 'fwd'} [{b},{h},{rows},{e}]", build
 
 
 def embedding_backward_case(n: int, vocab: int, dim: int):
@@ -105,6 +107,7 @@ def cases(quick: bool):
         sdpa_case(8, 4, 128, 32, causal=True, backward=False),
         sdpa_case(8, 4, 128, 32, causal=True, backward=True),
         sdpa_case(8, 8, 128, 32, causal=False, backward=True),
+        sdpa_case(1, 8, 1, 64, causal=False, backward=False, s=1024),
         embedding_backward_case(8 * 128, 1000, 256),
         adamw_case(gpt_param_sizes(128, 4, 1000), fused=True),
         adamw_case(gpt_param_sizes(128, 4, 1000), fused=None),

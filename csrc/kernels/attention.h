@@ -5,8 +5,8 @@
 // The forward keeps one row of scores at a time (no L x S matrix) and also returns the row
 // log-sum-exp, which the backward uses to recompute the probabilities.
 // Operands are strided (elements; the last dimension must be contiguous); the mask is
-// broadcast through stride 0. Parallel over (batch, head, query block) forward and over
-// (batch, head) backward.
+// broadcast through stride 0. Parallel over (batch, head, query block) forward (query row for
+// up to 4 rows: a decode step, which reads K and V in place) and over (batch, head) backward.
 #pragma once
 
 #include <cstdint>

@@ -235,6 +235,9 @@ TEST_P(Kernels, AttentionPlain) { run_attention(false, false, 37, 45, 16, 24); }
 TEST_P(Kernels, AttentionCausal) { run_attention(true, false, 50, 20, 8, 8); }
 TEST_P(Kernels, AttentionMaskOddSizes) { run_attention(false, true, 5, 33, 7, 3); }
 TEST_P(Kernels, AttentionSingle) { run_attention(true, true, 1, 1, 1, 1); }
+// At most 4 query rows: the decode path (K and V read in place; float32 rows of 16 in place).
+TEST_P(Kernels, AttentionDecodeRows) { run_attention(false, true, 1, 300, 64, 64); }
+TEST_P(Kernels, AttentionDecodeCausalOddSizes) { run_attention(true, false, 3, 70, 7, 40); }
 
 TEST_P(Kernels, AdamWMatchesScalarReference) {
   for (bool adamw : {false, true}) {

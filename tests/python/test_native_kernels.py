@@ -141,6 +141,30 @@ def test_sdpa_matches_cpu(dtype, causal, L, S, E, Ev):
     assert native_calls("aten::_scaled_dot_product_fused_attention_overrideable") == before + 1
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("L", [1, 3, 4, 5])  # up to 4 query rows: the decode path; 5: blocked
+@pytest.mark.parametrize("S,E,Ev", [(1, 64, 64), (17, 8, 24), (300, 64, 40), (2048, 64, 64)])
+@pytest.mark.parametrize("case", ["plain", "causal", "float_mask", "bool_mask"])
+def test_sdpa_decode_shapes_match_cpu(dtype, L, S, E, Ev, case):
+    """A few query rows against a long KV cache (token-by-token decoding): K and V are read in
+    place from a strided cache slice; gradients come from the blocked backward with the decode
+    forward's logsumexp. [2, 3, 4, 2048] spreads over threads."""
+    torch.manual_seed(L * 1000 + S)
+    cache_k, cache_v = torch.randn(2, 3, S + 7, E), torch.randn(2, 3, S + 7, Ev)
+    q, k, v = torch.randn(2, 3, L, E), cache_k[:, :, :S], cache_v[:, :, :S]
+    kw = {"is_causal": True} if case == "causal" else {}
+    if case == "float_mask":
+        kw["attn_mask"] = torch.randn(2, 1, L, S)
+    elif case == "bool_mask":
+        mask = torch.rand(1, 3, L, S) > 0.4
+        mask[..., 0] = True
+        mask[:, 1, 0] = False  # one fully masked row: zeros, as CPU
+        kw["attn_mask"] = mask
+    cpu, dev = sdpa_both(q, k, v, dtype, grads=S <= 300, **kw)
+    for a, c in zip(dev, cpu):
+        close(a, c, dtype, scale=4 if dtype == torch.float32 else 2)
+
+
 @pytest.mark.parametrize("mask_shape", [(20, 30), (2, 1, 20, 30), (1, 30), (2, 3, 20, 30)])
 @pytest.mark.parametrize("kind", ["float", "bool"])
 def test_sdpa_masks(mask_shape, kind):
