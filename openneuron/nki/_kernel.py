@@ -6,6 +6,7 @@ current stream (asynchronous, like any op), on numpy arrays or CPU tensors run s
 from __future__ import annotations
 
 import collections
+import inspect
 import itertools
 import time
 
@@ -220,8 +221,24 @@ class Kernel:
         return Kernel(self.func, self.mode, tuple(int(g) for g in grid), self._cache,
                       self.warmup, self.iters, **self.options)
 
+    def _positional(self, args, kwargs):
+        """Arrays passed by keyword (`kernel(x, imm0=arr)`) become positional, so every array
+        argument is a kernel input found by position (defaults filled in for any gap)."""
+        if not any(_is_array(v) for v in kwargs.values()):
+            return args, kwargs
+        try:
+            bound = inspect.signature(self.func).bind(*args, **kwargs)
+        except TypeError as err:
+            raise NkiError(f"kernel '{self.__name__}': {err}") from None
+        bound.apply_defaults()
+        if any(_is_array(v) for v in bound.kwargs.values()):
+            raise NkiError(f"kernel '{self.__name__}': pass array arguments as positional or "
+                           f"positional-or-keyword parameters, not keyword-only ones")
+        return bound.args, bound.kwargs
+
     def specialize(self, *args, **kwargs) -> Traced:
         """The traced program for these arguments (traced now unless cached)."""
+        args, kwargs = self._positional(args, kwargs)
         key = self._key(args, kwargs)
         traced = self._cache.get(key)
         if traced is None:
@@ -248,6 +265,7 @@ class Kernel:
                 tuple(sorted((k, sig(v)) for k, v in kwargs.items())))
 
     def __call__(self, *args, **kwargs):
+        args, kwargs = self._positional(args, kwargs)
         if self.mode == "trace":
             return self.specialize(*args, **kwargs)
         if self.mode == "benchmark":

@@ -387,6 +387,31 @@ def test_trace_cache_and_trace_mode():
     assert traced.out_specs == [((16, 8), "float32")]
 
 
+def test_arrays_passed_by_keyword():
+    """NKI's public examples pass arrays by keyword (`kernel(src, imm0=vec)`); on numpy arrays
+    and on neuron tensors alike (a keyword-only array is an error saying so)."""
+    @nki.jit
+    def k(a, b=None, scale=1.0):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a) * scale + nl.load(b))
+        return out
+
+    a, b = rand(16, 8), rand(16, 1)
+    np.testing.assert_allclose(k(a, b=b, scale=2.0), 2 * a + b, rtol=1e-6)
+    np.testing.assert_allclose(k(scale=3.0, b=b, a=a), 3 * a + b, rtol=1e-6)
+    out = k(torch.from_numpy(a).to("neuron"), b=torch.from_numpy(b).to("neuron"))
+    np.testing.assert_allclose(out.cpu().numpy(), a + b, rtol=1e-6)
+
+    @nki.jit
+    def kw_only(a, *, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a) + nl.load(b))
+        return out
+
+    with pytest.raises(nki.NkiError, match="keyword-only"):
+        kw_only(a, b=b)
+
+
 def test_simulate_kernel_and_baremetal_output_argument():
     def legacy(a, out):  # Beta 1 style: the output passed in
         nl.store(out, nl.load(a) * 3.0)
