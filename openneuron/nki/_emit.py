@@ -60,11 +60,14 @@ def new_buffer(shape, dtype: str, kind: str, role: str = "tile") -> NkiTensor:
 def _bind(view: NkiTensor, S, space_dims):
     """Strides of view over the iteration axes. NOTE: tiles align on the partition axis (NKI's
     rule): a [P] or [P, 1] tile broadcasts along the free axes of [P, F]."""
-    if view.ndim > len(S):  # trailing unit axes: a [P, 1] value into a [P] destination
+    if view.ndim > len(S):  # unit axes: a [P, 1] value into [P]; else [1, F] into [F]
+        keep = slice(0, len(S))
         if any(n != 1 for n in view.shape[len(S):]):
-            fail(f"operand of shape {list(view.shape)} does not broadcast to {list(S)}")
-        view = NkiTensor(view._buf, view.offset, view.shape[:len(S)], view.strides[:len(S)],
-                         [(c, k[:len(S)], n, a) for c, k, n, a in view.checks])
+            keep = slice(view.ndim - len(S), view.ndim)
+            if any(n != 1 for n in view.shape[:keep.start]):
+                fail(f"operand of shape {list(view.shape)} does not broadcast to {list(S)}")
+        view = NkiTensor(view._buf, view.offset, view.shape[keep], view.strides[keep],
+                         [(c, k[keep], n, a) for c, k, n, a in view.checks])
     strides, live = [], []
     for s in space_dims:
         j = s

@@ -592,12 +592,18 @@ def index(t: NkiTensor, key) -> NkiTensor:
 
 
 def _index_affine(t: NkiTensor, key) -> NkiTensor:
-    """t[ix, iy]: the result has one axis per grid axis an index expression moves along (an
-    unused unit axis of an nl.mgrid is dropped), in grid order."""
+    """t[ix, iy]: the result has the axes of the index expressions' broadcast grid, in grid
+    order (unit axes dropped as below)."""
     exprs = [k for k in key if isinstance(k, IndexExpr)]
     grid = _broadcast_shapes(*[e.shape for e in exprs])
-    full = [_expand(e.coefs, e.shape, grid) for e in exprs]
-    kept = [j for j in range(len(grid)) if grid[j] > 1 or any(c[j] for c in full)]
+    # The grid's axes, less unit axes from the left while more than two remain: tiles keep
+    # NKI's [P, F] form (t[i_p, 0] with i_p = nl.arange(64)[:, None] is [64, 1], as is a
+    # 1-D tensor's idx[i_p]), and the published RMSNorm's 3-D nl.mgrid[0:128, 0:1, 0:n]
+    # gives [128, n].
+    kept = list(range(len(grid)))
+    for j in range(len(grid)):
+        if len(kept) > 2 and grid[j] == 1:
+            kept.remove(j)
     shape = [grid[j] for j in kept]
     offset = t.offset
     strides = [0] * len(shape)
