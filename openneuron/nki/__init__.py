@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from openneuron.nki import isa, language, typing
+from openneuron.nki import compiler, isa, language, typing
 from openneuron.nki._kernel import BenchmarkResult, Kernel, Traced
 from openneuron.nki._trace import NkiError
 
@@ -33,6 +33,7 @@ __all__ = [
     "language",
     "simulate",
     "simulate_kernel",
+    "trace",
 ]
 
 _MODES = ("auto", "baremetal", "benchmark", "simulation", "trace", "torchxla", "jax")
@@ -50,6 +51,10 @@ def jit(func=None, mode="auto", **options):
         return Kernel(f, mode, **options)
 
     return wrap(func) if func is not None else wrap
+
+
+# Beta 1's older decorator for kernels run through nki.simulate_kernel / baremetal
+trace = jit
 
 
 def _as_kernel(kernel, mode="auto", **options) -> Kernel:
@@ -88,13 +93,15 @@ def benchmark(kernel=None, warmup=2, iters=10, **options):
 
 
 _ALIASES = ("neuronxcc", "neuronxcc.nki", "neuronxcc.nki.language", "neuronxcc.nki.isa",
-            "neuronxcc.nki.typing", "nki", "nki.language", "nki.isa")
+            "neuronxcc.nki.isa.constants", "neuronxcc.nki.typing", "neuronxcc.nki.compiler",
+            "nki", "nki.language", "nki.isa", "nki.isa.constants")
 
 
 def alias():
-    """Makes `neuronxcc`, `neuronxcc.nki[.language|.isa|.typing]` and `nki[.language|.isa]`
-    resolve to this package, so NKI kernel files run unchanged. Opt-in: nothing is installed
-    under those names otherwise (the real Neuron compiler and a PyPI placeholder use them).
+    """Makes `neuronxcc`, `neuronxcc.nki[.language|.isa|.isa.constants|.typing|.compiler]` and
+    `nki[.language|.isa|.isa.constants]` resolve to this package, so NKI kernel files run
+    unchanged. Opt-in: nothing is installed under those names otherwise (the real Neuron
+    compiler and a PyPI placeholder use them).
     Refuses to shadow a different module already imported under one of them."""
     import types
 
@@ -103,8 +110,9 @@ def alias():
     root.nki = this
     root.__path__ = []
     targets = {"neuronxcc": root, "neuronxcc.nki": this, "neuronxcc.nki.language": language,
-               "neuronxcc.nki.isa": isa, "neuronxcc.nki.typing": typing, "nki": this,
-               "nki.language": language, "nki.isa": isa}
+               "neuronxcc.nki.isa": isa, "neuronxcc.nki.isa.constants": isa.constants,
+               "neuronxcc.nki.typing": typing, "neuronxcc.nki.compiler": compiler, "nki": this,
+               "nki.language": language, "nki.isa": isa, "nki.isa.constants": isa.constants}
     for name in _ALIASES:
         present = sys.modules.get(name)
         if present is not None and present is not targets[name] and \

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import types
 
 import numpy as np
 
@@ -19,18 +20,23 @@ from openneuron.nki._trace import fail
 
 
 class engine(enum.IntEnum):
-    """The engine an instruction runs on (accepted; the executor runs every engine's work)."""
+    """The engine an instruction runs on (accepted; the executor runs every engine's work).
+    Values as NKI's."""
 
     unknown = 0
     tensor = 1
-    vector = 2
-    scalar = 3
-    gpsimd = 4
-    activation = 3
-    sync = 5
+    scalar = 2
+    gpsimd = 3
+    dma = 4
+    vector = 5
+    sync = 6
+    activation = 2  # the Scalar Engine's older name
 
 
 _Engine = engine
+# Beta 1's module constants (deprecated there for engine.*; its published examples use them)
+tensor_engine, vector_engine, scalar_engine = engine.tensor, engine.vector, engine.scalar
+gpsimd_engine, unknown_engine = engine.gpsimd, engine.unknown
 
 
 class reduce_cmd(enum.IntEnum):
@@ -73,6 +79,13 @@ class nc_version(enum.IntEnum):
 
 def get_nc_version():
     return nc_version.gen3
+
+
+# `nki.isa.constants` (imported as `from neuronxcc.nki.isa.constants import dge_mode`): the
+# enums above, as one module
+constants = types.ModuleType("nki.isa.constants", "NKI ISA enums (engine, modes, versions).")
+for _enum in (engine, reduce_cmd, dge_mode, oob_mode, nc_version):
+    setattr(constants, _enum.__name__, _enum)
 
 
 fp32 = nl.fp32

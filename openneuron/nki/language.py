@@ -105,6 +105,43 @@ def program_ndim() -> int:
     return len(_trace.current().grid)
 
 
+class spmd_dim:
+    """A launch-grid dimension made of factors, some of them NeuronCores (`nl.nc(n)`):
+    `kernel[nl.spmd_dim(nl.nc(2), 2), 2]`, or `kernel[nl.nc(2) * 2, 2]`. The device emulates
+    one NeuronCore per `neuron:N` and runs a grid's instances in parallel on it, so the factors
+    decide only the dimension's size (their product); program_id counts along it as usual."""
+
+    def __init__(self, *factors):
+        self.factors = factors
+        self.size = int(np.prod([int(f) for f in factors])) if factors else 1
+        if self.size < 1:
+            fail(f"nl.spmd_dim{factors}: every factor must be a positive integer")
+
+    def __index__(self):
+        return self.size
+
+    __int__ = __index__
+
+    def __mul__(self, other):
+        return spmd_dim(self, other)
+
+    def __rmul__(self, other):
+        return spmd_dim(other, self)
+
+    def __repr__(self):
+        return f"nl.spmd_dim({', '.join(map(repr, self.factors))})"
+
+
+class nc(spmd_dim):
+    """`n` logical NeuronCores as one factor of a launch-grid dimension (see spmd_dim)."""
+
+    def __init__(self, n):
+        super().__init__(n)
+
+    def __repr__(self):
+        return f"nl.nc({self.size})"
+
+
 def affine_range(start, stop=None, step=1, **_):
     """Iterations without loop-carried dependencies (unrolled when traced)."""
     return range(start, stop, step) if stop is not None else range(start)
@@ -124,15 +161,37 @@ def _shape(shape):
 
 def ndarray(shape, dtype, buffer=None, name="", **_):
     """An uninitialized tensor: an SBUF/PSUM tile or, with buffer=nl.shared_hbm/nl.hbm, an HBM
-    tensor (a kernel's output when returned). Uninitialized elements read as NaN."""
+    tensor (a kernel's output when returned). Uninitialized elements read as NaN. An on-chip
+    shape may put its nl.par_dim after leading block axes, (B, nl.par_dim(P), F): B tiles of
+    [P, F] side by side in the free bytes of P partitions (t[b] is one of them)."""
     kind = _tensor_kind(buffer)
-    return new_buffer(_shape(shape), _trace.dtype_name(dtype), kind,
-                      "hbm" if kind == "hbm" else "tile")
+    dims = _shape(shape)
+    role = "hbm" if kind == "hbm" else "tile"
+    k = next((i for i, s in enumerate(shape) if isinstance(s, par_dim)), 0) \
+        if kind != "hbm" and not isinstance(shape, (int, np.integer)) else 0
+    if k == 0:
+        return new_buffer(dims, _trace.dtype_name(dtype), kind, role)
+    tile = new_buffer((dims[k],) + dims[:k] + dims[k + 1:], _trace.dtype_name(dtype), kind, role)
+    order = list(range(1, k + 1)) + [0] + list(range(k + 1, len(dims)))
+    return NkiTensor(tile._buf, 0, dims, [tile.strides[j] for j in order])
 
 
 def _tensor_kind(buffer):
     from openneuron.nki._tensor import buffer_kind
     return buffer_kind(buffer)
+
+
+def shared_identity_matrix(n, dtype=np.uint8, **_):
+    """An [n, n] identity matrix in HBM (NKI: shared by the kernel's users of one dtype),
+    e.g. the moving operand that makes nisa.nc_matmul a transpose."""
+    out = ndarray((n, n), dtype, buffer=shared_hbm)
+    jf = arange(n)[None, :]
+    for p0 in range(0, n, 128):
+        ip = arange(builtins.min(128, n - p0))[:, None]
+        from openneuron.nki import isa
+        rows = isa.iota(p0 + ip - jf, dtype=np.float32)
+        _emit.copy_into(out[p0 + ip, jf], equal(rows, 0.0, dtype=dtype), allow_hbm=True)
+    return out
 
 
 def empty(shape, dtype, buffer=None, name="", **_):

@@ -193,6 +193,11 @@ def test_alias_runs_kernel_files_unchanged(run_py):
         import nki.isa as nisa0
         import nki.language as nl0
         assert nki is nki0 is openneuron.nki and nisa is nisa0 and nl is nl0
+        from neuronxcc.nki.isa.constants import dge_mode, oob_mode
+        from nki.isa.constants import engine
+        import neuronxcc.nki.compiler as ncc
+        assert dge_mode is nisa.dge_mode and oob_mode is nisa.oob_mode and engine is nisa.engine
+        assert ncc is openneuron.nki.compiler
 
         @nki.jit
         def beta1(a):
