@@ -28,10 +28,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # pinned too (5.25 needs a `kernels` release PyPI mirrors here lack); tests build tiny HF models.
   # accelerate and peft: the versions tested with transformers 5.20.0 and torch 2.13.0
   # (tests/python/test_huggingface_stack.py); neither makes pip touch torch. torchtitan 0.3.0:
-  # tests/python/test_torchtitan.py (torch stays pinned in the same command).
+  # tests/python/test_torchtitan.py (torch stays pinned in the same command). ml_dtypes: numpy
+  # arrays of bfloat16 / float8 for NKI kernels (openneuron/nki/_tensor.py).
   .venv/bin/pip install -q --disable-pip-version-check \
     torch==2.13.0 setuptools wheel pytest pytest-xdist numpy expecttest hypothesis \
-    transformers==5.20.0 accelerate==1.15.0 peft==0.21.2 torchtitan==0.3.0
+    transformers==5.20.0 accelerate==1.15.0 peft==0.21.2 torchtitan==0.3.0 ml_dtypes==0.7.0
   # NOTE: torchtitan imports triton unconditionally; triton goes into a folder of its own that
   # only the torchtitan runs put on PYTHONPATH (Inductor elsewhere never sees it).
   .venv/bin/pip install -q --disable-pip-version-check --no-deps --upgrade \

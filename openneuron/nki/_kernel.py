@@ -13,14 +13,11 @@ import time
 import numpy as np
 
 from openneuron.nki import _emit, _trace
-from openneuron.nki._tensor import NkiTensor
+from openneuron.nki._tensor import NkiTensor, numpy_dtype
 from openneuron.nki._trace import NkiError, Trace
 
 CACHE_SIZE = 64
 
-_NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32,
-                 "uint8": np.uint8, "int8": np.int8, "uint16": np.uint16, "int16": np.int16,
-                 "uint32": np.uint32}
 _TORCH_NAMES = {"float8_e4m3": "float8_e4m3fn"}
 
 
@@ -339,10 +336,12 @@ def _launch_host(traced, args, arrays):
         new = []
         for (shape, dt), src in zip(traced.out_specs, traced.input_outputs):
             if src is None:
-                if dt not in _NUMPY_DTYPES:
-                    raise NkiError(f"kernel '{traced.name}' returns {dt}, which numpy lacks; "
-                                   f"call it with torch tensors")
-                new.append(np.empty(shape, dtype=_NUMPY_DTYPES[dt]))
+                npdt = numpy_dtype(dt)
+                if npdt is None:
+                    raise NkiError(f"kernel '{traced.name}' returns {dt}, which numpy lacks "
+                                   f"without the ml_dtypes package; install it, or call the "
+                                   f"kernel with torch tensors")
+                new.append(np.empty(shape, dtype=npdt))
     addrs, sizes = [], []
     for b in bufs + new:
         if _is_tensor(b):

@@ -9,13 +9,61 @@ import numpy as np
 
 from openneuron.nki._trace import fail
 
+try:  # numpy arrays of bfloat16 / float8 (NKI's simulator takes them too), when installed
+    import ml_dtypes as _ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes comes with the project's set-up
+    _ml_dtypes = None
 
-class DTypeConst(str):
-    """A dtype numpy lacks (bfloat16, float8...): compares equal to its name."""
+# float8_e4m3 is stored as torch's float8_e4m3fn (no infinities, +-448): ml_dtypes' type of
+# the same bits, not its IEEE-style float8_e4m3 (+-240), which numpy would pick by name.
+_ML_NAMES = {"bfloat16": "bfloat16", "float8_e4m3": "float8_e4m3fn",
+             "float8_e5m2": "float8_e5m2"}
+
+
+class DTypeConst:
+    """A dtype numpy itself lacks (bfloat16, float8...): compares equal to its name; with
+    ml_dtypes installed, numpy takes it too (`np.ones(n, dtype=nl.bfloat16)`). Not a str
+    subclass: numpy would parse the name first, and "float8_e4m3" names another format."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
 
     @property
     def _nki_dtype(self):
-        return str(self)
+        return self.name
+
+    @property
+    def dtype(self):
+        npdt = numpy_dtype(self.name)
+        if npdt is None:
+            raise AttributeError(f"numpy has no {self.name} here (ml_dtypes has bfloat16 and "
+                                 f"float8: pip install ml_dtypes), or pass torch tensors")
+        return npdt
+
+    def __eq__(self, other):
+        return self.name == (other.name if isinstance(other, DTypeConst) else other)
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __str__(self):
+        return self.name
+
+    def __repr__(self):
+        return f"nl.{self.name}"
+
+
+def numpy_dtype(name: str):
+    """The numpy dtype of a dtype name, None where numpy (with ml_dtypes, if installed) lacks
+    it."""
+    if name in _ML_NAMES:
+        return np.dtype(getattr(_ml_dtypes, _ML_NAMES[name])) if _ml_dtypes is not None else None
+    try:
+        return np.dtype(name)
+    except TypeError:  # tfloat32
+        return None
 
 
 BFLOAT16 = DTypeConst("bfloat16")
