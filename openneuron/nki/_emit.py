@@ -47,12 +47,12 @@ def _placeholder_fill(t, buf: Buffer):
     buf.fill = instr
 
 
-def new_buffer(shape, dtype: str, kind: str, role: str = "tile") -> NkiTensor:
+def new_buffer(shape, dtype: str, kind: str, role: str = "tile", blocks: int = 1) -> NkiTensor:
     t = _trace.current()
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         fail(f"negative dimension in shape {list(shape)}")
-    buf = Buffer(t, kind, shape, dtype, role)
+    buf = Buffer(t, kind, shape, dtype, role, blocks)
     _placeholder_fill(t, buf)
     return NkiTensor(buf)
 

@@ -96,6 +96,7 @@ def _trace_kernel(func, name, args, kwargs, grid) -> Traced:
                     t.buffers[remap[new]] = t.buffers.pop(new)
             keep = [targs[i]._buf for i in arrays]
             result = func(*targs, **kwargs)
+            t.check_capacity()
         finally:
             _trace._local.trace = None
         t.keep = keep

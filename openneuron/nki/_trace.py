@@ -28,6 +28,9 @@ MAX_REGISTERS = _TABLES["max_registers"]
 PMAX = 128  # partitions
 SBUF_PARTITION_BYTES = 192 * 1024  # 24 MiB / 128 partitions
 PSUM_PARTITION_BYTES = 16 * 1024  # 2 MiB / 128 partitions: 8 banks
+# Tiles Python still references may exceed capacity while traced (check_capacity decides by
+# use), up to this many times it.
+_REFERENCED_LIMIT = 8
 PSUM_BANK_BYTES = 2 * 1024
 GEMM_STATIONARY_FMAX = 128
 GEMM_MOVING_FMAX = 512
@@ -123,8 +126,10 @@ class Buffer:
     """One allocation: an HBM tensor (kernel input, output or scratch) or an SBUF/PSUM tile.
     Its on-chip bytes are released when the last view of it is dropped."""
 
-    def __init__(self, trace: Trace, kind: str, shape: tuple, dtype: str, role: str):
+    def __init__(self, trace: Trace, kind: str, shape: tuple, dtype: str, role: str,
+                 blocks: int = 1):
         self.trace = trace
+        self.blocks = blocks  # tiles side by side in each partition: (B, nl.par_dim(P), F)
         self.kind = kind  # "hbm" | "sbuf" | "psum"
         self.shape = tuple(shape)
         self.dtype = dtype
@@ -264,6 +269,8 @@ class Trace:
         self.psum_used = 0
         self.sbuf_peak = 0
         self.psum_peak = 0
+        # (id, kind, bytes per partition, shape, dtype, first instruction, where allocated)
+        self.tile_allocs = []
         self.hbm_allocs = []  # ids of HBM buffers the kernel allocated, in order
         self.active = True
 
@@ -291,30 +298,80 @@ class Trace:
                  f"partition dimension: split it into tiles of at most {PMAX} rows")
         per_partition = (buf.nbytes // p) if p else 0
         if buf.kind == "psum":
-            if per_partition > PSUM_BANK_BYTES:
-                fail(f"PSUM tile {list(buf.shape)} {buf.dtype} needs {per_partition} bytes per "
-                     f"partition; a PSUM tile must fit one 2 KiB bank (nl.tile_size.psum_fmax = "
-                     f"{PSUM_FMAX} float32 per partition)")
-            if self.psum_used + per_partition > PSUM_PARTITION_BYTES:
-                fail(f"PSUM is full: {self.psum_used} of {PSUM_PARTITION_BYTES} bytes per "
-                     f"partition are held by live tiles and this tile {list(buf.shape)} needs "
-                     f"{per_partition} more; drop references to PSUM tiles no longer needed")
+            if per_partition // buf.blocks > PSUM_BANK_BYTES:
+                fail(f"PSUM tile {list(buf.shape)} {buf.dtype} needs {per_partition // buf.blocks}"
+                     f" bytes per partition; a PSUM tile must fit one 2 KiB bank "
+                     f"(nl.tile_size.psum_fmax = {PSUM_FMAX} float32 per partition; a tile of "
+                     f"block axes, (B, nl.par_dim(P), F), takes a bank per block)")
             self.psum_used += per_partition
-            self.psum_peak = max(self.psum_peak, self.psum_used)
         else:
-            if self.sbuf_used + per_partition > SBUF_PARTITION_BYTES:
-                fail(f"SBUF is full: {self.sbuf_used} of {SBUF_PARTITION_BYTES} bytes per "
-                     f"partition (24 MiB / 128 partitions) are held by live tiles and this tile "
-                     f"{list(buf.shape)} {buf.dtype} needs {per_partition} more; use smaller "
-                     f"tiles or drop references to tiles no longer needed")
             self.sbuf_used += per_partition
-            self.sbuf_peak = max(self.sbuf_peak, self.sbuf_used)
+        # Capacity is checked when the trace is complete (check_capacity), by when each tile is
+        # last used; placement here goes by Python's references, which outlive that (a loop's
+        # last tile stays bound to its variable), so only a runaway is stopped now.
+        held = self.psum_used if buf.kind == "psum" else self.sbuf_used
+        cap = PSUM_PARTITION_BYTES if buf.kind == "psum" else SBUF_PARTITION_BYTES
+        if per_partition > cap:
+            fail(f"{buf.kind.upper()} is full: this tile {list(buf.shape)} {buf.dtype} needs "
+                 f"{per_partition} bytes per partition, more than the {cap} there are; use "
+                 f"smaller tiles")
+        if held > _REFERENCED_LIMIT * cap:
+            fail(f"{buf.kind.upper()} is full: tiles the kernel still references hold {held} "
+                 f"bytes per partition, {_REFERENCED_LIMIT}x the {cap} there are, with this tile "
+                 f"{list(buf.shape)} {buf.dtype}; drop references to tiles no longer needed")
+        self.tile_allocs.append((buf.id, buf.kind, per_partition, list(buf.shape), buf.dtype,
+                                 len(self.instrs), user_line()))
         off = self.arena.alloc(per_partition) if per_partition else 0
         self.buffers[buf.id][2] = buf.nbytes
         self.buffers[buf.id][4] = off
         self.tiles[buf.id] = [buf.numel // p if p else 0, off, None]
         self.partitions = max(self.partitions, p)
         buf.per_partition = per_partition
+
+    def check_capacity(self):
+        """SBUF / PSUM capacity with the compiler's liveness: a tile is in use from its
+        allocation to the last instruction that reads or writes it. Sets the peaks; over
+        capacity is an error naming where the tile that goes over was allocated."""
+        uses = {}
+        for i, ins in enumerate(self.instrs):
+            if ins.enabled:
+                for o in (ins.dst, *ins.src):
+                    if o is not None and o.type == 0 and o.buf is not None:
+                        uses.setdefault(o.buf, []).append(i)
+        last = {bid: u[-1] for bid, u in uses.items()}
+        kinds = {a[0]: a[1] for a in self.tile_allocs}
+
+        def forwarded(bid):
+            """`x[...] = nisa.op(...)`: the op's result, copied at once into a tile of its own
+            memory and used nowhere else, is written in place by the compiler (no room)."""
+            u = uses.get(bid, [])
+            if len(u) != 2 or u[1] != u[0] + 1 or self.instrs[u[0]].dst.buf != bid:
+                return False
+            nxt = self.instrs[u[1]]
+            return nxt.dst.buf != bid and kinds.get(nxt.dst.buf) == kinds[bid]
+
+        for kind, cap in (("sbuf", SBUF_PARTITION_BYTES), ("psum", PSUM_PARTITION_BYTES)):
+            events = []
+            for bid, k, size, shape, dtype, start, where in self.tile_allocs:
+                if k == kind and size and not forwarded(bid):
+                    end = max(start, last.get(bid, start))
+                    events.append((start, 1, size, shape, dtype, where))
+                    events.append((end + 1, 0, -size, shape, dtype, where))
+            used = peak = 0
+            for _, _, delta, shape, dtype, where in sorted(events, key=lambda e: e[:2]):
+                used += delta
+                if used > cap:
+                    what = ("(24 MiB / 128 partitions); use smaller tiles or finish with a tile "
+                            "before allocating the next" if kind == "sbuf" else
+                            "(8 banks of 2 KiB); finish with a PSUM tile before allocating "
+                            "the next")
+                    raise NkiError(f"{where}: in kernel '{self.kernel_name}': "
+                                   f"{kind.upper()} is full: this tile {shape} {dtype} takes "
+                                   f"{delta} bytes per partition and brings the tiles in use to "
+                                   f"{used} of {cap} {what} (a tile is in use from its "
+                                   f"allocation to the last instruction that reads or writes it)")
+                peak = max(peak, used)
+            setattr(self, f"{kind}_peak", peak)
 
     def free_tile(self, buf: Buffer):
         if buf.kind == "psum":

@@ -13,7 +13,20 @@ from __future__ import annotations
 from openneuron.nki import language as nl
 from openneuron.nki._trace import fail
 
-__all__ = ["psum", "sbuf"]
+__all__ = ["no_reorder", "psum", "sbuf", "skip_middle_end_transformations"]
+
+
+def skip_middle_end_transformations(kernel):
+    """A compiler directive on a kernel (its program runs as traced here): the kernel itself."""
+    return kernel
+
+
+class no_reorder:
+    """`nl.sequential_range(n, directives=ncc.no_reorder())`: keep the loop body's order. The
+    executor runs a traced program in its order anyway (within what the data allow)."""
+
+    def __repr__(self):
+        return "ncc.no_reorder()"
 
 
 class _Space:

@@ -171,7 +171,8 @@ def ndarray(shape, dtype, buffer=None, name="", **_):
         if kind != "hbm" and not isinstance(shape, (int, np.integer)) else 0
     if k == 0:
         return new_buffer(dims, _trace.dtype_name(dtype), kind, role)
-    tile = new_buffer((dims[k],) + dims[:k] + dims[k + 1:], _trace.dtype_name(dtype), kind, role)
+    tile = new_buffer((dims[k],) + dims[:k] + dims[k + 1:], _trace.dtype_name(dtype), kind, role,
+                      blocks=int(np.prod(dims[:k])))
     order = list(range(1, k + 1)) + [0] + list(range(k + 1, len(dims)))
     return NkiTensor(tile._buf, 0, dims, [tile.strides[j] for j in order])
 
@@ -179,6 +180,22 @@ def ndarray(shape, dtype, buffer=None, name="", **_):
 def _tensor_kind(buffer):
     from openneuron.nki._tensor import buffer_kind
     return buffer_kind(buffer)
+
+
+def static_cast(x, dtype):
+    """x converted to dtype: a numpy array (bfloat16 / float8 through ml_dtypes), a torch
+    tensor, or a tile inside a kernel (a copy in that dtype); values round to nearest even."""
+    from openneuron.nki._tensor import numpy_dtype
+    name = _trace.dtype_name(dtype)
+    if isinstance(x, NkiTensor):
+        return copy(x, dtype=name)
+    if type(x).__module__ == "torch":
+        import torch
+        return x.to(getattr(torch, {"float8_e4m3": "float8_e4m3fn"}.get(name, name)))
+    npdt = numpy_dtype(name)
+    if npdt is None:
+        fail(f"nl.static_cast: numpy has no {name} here (install ml_dtypes)")
+    return np.asarray(x).astype(npdt)
 
 
 def shared_identity_matrix(n, dtype=np.uint8, **_):

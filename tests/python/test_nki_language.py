@@ -479,13 +479,30 @@ def test_partition_dim_limit():
 
 
 def test_sbuf_capacity():
+    """Capacity counts tiles in use (allocation to last use, the compiler's liveness): seven
+    32 KiB tiles all read at the end do not fit in 192 KiB; a tile Python still references but
+    the kernel no longer uses takes no room."""
     @nki.jit
     def k(a):
         tiles = []
-        for _ in range(7):
-            tiles.append(nl.ndarray((128, 8192), dtype=nl.float32))  # LIMIT
+        for i in range(7):
+            tiles.append(nl.full((128, 8192), float(i), dtype=nl.float32))  # LIMIT
+        out = nl.ndarray((128, 8192), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, sum(tiles[1:], tiles[0]))
+        return out
 
     _expect_error(k, (rand(2, 2),), "# LIMIT", "SBUF is full")
+
+    @nki.jit
+    def done_with(a):
+        out = nl.ndarray((128, 8192), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in range(7):  # each tile bound to `t` until the next: only one in use at a time
+            t = nl.full((128, 8192), float(i), dtype=nl.float32)
+            nl.store(out, t)
+        return out
+
+    np.testing.assert_array_equal(done_with(rand(2, 2)), np.full((128, 8192), 6.0, np.float32))
+    assert done_with.specialize(rand(2, 2)).sbuf_peak == 8192 * 4  # one tile at a time
 
 
 def test_psum_bank_and_capacity():
@@ -499,9 +516,22 @@ def test_psum_bank_and_capacity():
     def full(a):
         keep = [nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(8)]
         extra = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)  # LIMIT
-        return keep, extra
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, sum(keep, extra))
+        return out
 
     _expect_error(full, (rand(2, 2),), "# LIMIT", "PSUM is full")
+
+    @nki.jit
+    def blocks(a):  # (8, par_dim(128), 512) float32: a bank per block, all 8 banks
+        t = nl.ndarray((8, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+        out = nl.ndarray((8, 128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        for b in nl.affine_range(8):
+            t[b] = nl.full((128, 512), float(b), dtype=nl.float32)
+            nl.store(out[b], t[b])
+        return out
+
+    np.testing.assert_array_equal(blocks(rand(2, 2))[:, 0, 0], np.arange(8, dtype=np.float32))
 
 
 @pytest.mark.parametrize("shapes,match", [
