@@ -47,12 +47,13 @@ def _placeholder_fill(t, buf: Buffer):
     buf.fill = instr
 
 
-def new_buffer(shape, dtype: str, kind: str, role: str = "tile", blocks: int = 1) -> NkiTensor:
+def new_buffer(shape, dtype: str, kind: str, role: str = "tile", blocks: int = 1,
+               direct=None) -> NkiTensor:
     t = _trace.current()
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         fail(f"negative dimension in shape {list(shape)}")
-    buf = Buffer(t, kind, shape, dtype, role, blocks)
+    buf = Buffer(t, kind, shape, dtype, role, blocks, direct)
     _placeholder_fill(t, buf)
     return NkiTensor(buf)
 

@@ -123,6 +123,9 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
     out_slots, input_outputs, out_specs = [], [], []
     t0 = traces[0]
     for o in outs0:
+        if o._buf.role == "const":
+            raise NkiError(f"kernel '{name}' returns an nl.shared_constant; return a tensor "
+                           f"of its own (nl.ndarray(..., buffer=nl.shared_hbm))")
         if o._buf.kind != "hbm":
             raise NkiError(f"kernel '{name}' returns an on-chip tile {o!r}; store it into an "
                            f"HBM tensor (nl.ndarray(..., buffer=nl.shared_hbm)) and return that")
@@ -133,6 +136,15 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
             input_outputs.append(None)
             out_slots.append(t0.hbm_allocs.index(o._buf.id))
         out_specs.append((tuple(o._buf.shape), o._buf.dtype))
+    # nl.shared_constant tensors: hidden inputs after the arguments, the same per instance
+    consts = [data for _, data in t0.constants]
+    for t in traces:
+        if len(t.constants) != len(consts) or any(
+                not np.array_equal(d, c) for (_, d), c in zip(t.constants, consts)):
+            raise NkiError(f"kernel '{name}': grid instances make different nl.shared_constant "
+                           f"tensors")
+    n_args = len(input_ids)
+    input_ids = input_ids + [bid for bid, _ in t0.constants]
     n_in = len(input_ids)
     slots = {bid: i for i, bid in enumerate(input_ids)}
     new_outputs = [k for k in out_slots if k is not None]
@@ -142,6 +154,8 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
         if s != structure or len(outs) != len(outs0):
             raise NkiError(f"kernel '{name}': grid instances return different outputs")
         m = dict(slots)
+        for j, (bid, _) in enumerate(t.constants):
+            m[bid] = n_args + j
         for j, k in enumerate(new_outputs):
             m[t.hbm_allocs[k]] = n_in + j
         # HBM scratch: after the tiles in this instance's arena
@@ -171,11 +185,17 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
     program = _C._NkiProgram(np.asarray(words, dtype=np.int64), name, list(lines))
     written = sorted({slots[i.dst.buf] for t in traces for i in t.instrs
                       if i.enabled and i.dst.buf in slots})
+    if written and written[-1] >= n_args:
+        where = next(t.lines[i.line] for t in traces for i in t.instrs
+                     if i.enabled and slots.get(i.dst.buf, -1) >= n_args)
+        raise NkiError(f"{where}: in kernel '{name}': an nl.shared_constant is read-only")
     for t in traces:
         t.active = False
     traced = Traced(name, program, out_specs, structure, [arrays[i] for i in written],
                     [arrays[i] if i is not None else None for i in input_outputs], n_in, traces)
     traced.out_dtypes_index = new_outputs
+    traced.constants = consts
+    traced.device_constants = {}  # device -> the constants as tensors there
     traced.arrays = arrays
     traced.lines = list(lines)
     return traced
@@ -215,8 +235,11 @@ class Kernel:
         return f"<nki kernel {self.__name__} grid={list(self.grid)} mode={self.mode}>"
 
     def __getitem__(self, grid):
-        grid = grid if isinstance(grid, tuple) else (grid,)
-        return Kernel(self.func, self.mode, tuple(int(g) for g in grid), self._cache,
+        grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,)))
+        if not grid or any(g < 1 for g in grid):
+            raise NkiError(f"kernel '{self.__name__}': launch grid {list(grid)} has no "
+                           f"instances; every dimension must be at least 1")
+        return Kernel(self.func, self.mode, grid, self._cache,
                       self.warmup, self.iters, **self.options)
 
     def _positional(self, args, kwargs):
@@ -306,6 +329,12 @@ def _launch_device(traced, args, arrays):
                        f"every array argument as a neuron tensor")
     device = arrays[0].device
     ins = [a if a.is_contiguous() else a.contiguous() for a in arrays]
+    if traced.constants:
+        consts = traced.device_constants.get(device)
+        if consts is None:
+            consts = traced.device_constants[device] = [_as_tensor(c).to(device)
+                                                        for c in traced.constants]
+        ins = ins + consts
     new = [torch.empty(shape, dtype=_torch_dtype(dt), device=device)
            for (shape, dt), src in zip(traced.out_specs, traced.input_outputs) if src is None]
     from openneuron import _C
@@ -329,6 +358,7 @@ def _launch_host(traced, args, arrays):
             bufs.append(a if a.is_contiguous() else a.contiguous())
         else:
             bufs.append(np.ascontiguousarray(a))
+    consts = list(traced.constants)  # host memory as they are
     if torch_in:
         torch = _torch()
         new = [torch.empty(shape, dtype=_torch_dtype(dt))
@@ -344,7 +374,7 @@ def _launch_host(traced, args, arrays):
                                    f"kernel with torch tensors")
                 new.append(np.empty(shape, dtype=npdt))
     addrs, sizes = [], []
-    for b in bufs + new:
+    for b in bufs + consts + new:
         if _is_tensor(b):
             addrs.append(b.data_ptr())
             sizes.append(b.numel() * b.element_size())
@@ -357,6 +387,13 @@ def _launch_host(traced, args, arrays):
         if c is not a and traced.arrays[i] in traced.written_inputs:
             a[...] = c
     return traced.pack(_outputs(traced, args, new))
+
+
+def _as_tensor(array):
+    """A numpy array (ml_dtypes' bfloat16 / float8 included) as a CPU tensor of its bits."""
+    torch = _torch()
+    flat = torch.from_numpy(np.ascontiguousarray(array).reshape(-1).view(np.uint8).copy())
+    return flat.view(_torch_dtype(_trace.dtype_name(array.dtype))).reshape(array.shape)
 
 
 def _torch_dtype(name):

@@ -557,8 +557,22 @@ class NkiTensor:
 
     def _inplace(self, name, other):
         from openneuron.nki import _emit
+        if name == "add" and self._buf.kind == "psum" and isinstance(other, NkiTensor) and \
+                getattr(other._buf, "mm_open", False) and not self._psum_written():
+            # `psum[...] += matmul` starts its accumulation group by overwriting, as NKI's
+            # compiler infers (the first write to a PSUM location overwrites)
+            _emit.copy_into(self, other)
+            return self
         _emit.accumulate_into(self, other, name)
         return self
+
+    def _psum_written(self) -> bool:
+        """Whether an instruction has written any bank this PSUM view touches."""
+        from openneuron.nki import _trace
+        t = _trace.current()
+        written = t.psum_written.get(self._buf.id, ())
+        return any(b in written for b in _trace.psum_blocks(
+            t, self._buf.id, self.offset, self.strides, self.shape))
 
     def __iadd__(self, o):
         return self._inplace("add", o)

@@ -127,9 +127,11 @@ class Buffer:
     Its on-chip bytes are released when the last view of it is dropped."""
 
     def __init__(self, trace: Trace, kind: str, shape: tuple, dtype: str, role: str,
-                 blocks: int = 1):
+                 blocks: int = 1, direct=None):
         self.trace = trace
         self.blocks = blocks  # tiles side by side in each partition: (B, nl.par_dim(P), F)
+        # a direct allocation (neuronxcc.nki.compiler): (base address or None, physical tiles)
+        self.direct = direct
         self.kind = kind  # "hbm" | "sbuf" | "psum"
         self.shape = tuple(shape)
         self.dtype = dtype
@@ -272,6 +274,9 @@ class Trace:
         # (id, kind, bytes per partition, shape, dtype, first instruction, where allocated)
         self.tile_allocs = []
         self.hbm_allocs = []  # ids of HBM buffers the kernel allocated, in order
+        self.constants = []  # (id, numpy data) of nl.shared_constant tensors, in order
+        self.psum_written = {}  # PSUM tile id -> blocks (banks) some instruction has written
+        self.block_counts = {}  # tile id -> blocks, for (B, nl.par_dim(P), F) tiles
         self.active = True
 
     def new_buffer_id(self, buf: Buffer) -> int:
@@ -297,29 +302,42 @@ class Trace:
                  f"{PMAX} (nl.tile_size.pmax); the first dimension of an SBUF/PSUM tile is its "
                  f"partition dimension: split it into tiles of at most {PMAX} rows")
         per_partition = (buf.nbytes // p) if p else 0
+        # The bytes capacity counts. A direct allocation is the kernel's to place (overlapping
+        # others by design, as modulo allocations reuse tiles): it must end within the memory
+        # and counts nothing here; the device still gives every block memory of its own.
+        physical = per_partition
+        if buf.direct is not None:
+            base, tiles = buf.direct
+            unit = PSUM_BANK_BYTES if buf.kind == "psum" else per_partition // buf.blocks
+            cap = PSUM_PARTITION_BYTES if buf.kind == "psum" else SBUF_PARTITION_BYTES
+            if base is not None and base + unit * tiles > cap:
+                fail(f"{buf.kind.upper()} direct allocation of {list(buf.shape)} {buf.dtype}: "
+                     f"{tiles} tile(s) of {unit} bytes from byte {base} of a partition end past "
+                     f"its {cap}")
+            physical = 0
         if buf.kind == "psum":
             if per_partition // buf.blocks > PSUM_BANK_BYTES:
                 fail(f"PSUM tile {list(buf.shape)} {buf.dtype} needs {per_partition // buf.blocks}"
                      f" bytes per partition; a PSUM tile must fit one 2 KiB bank "
                      f"(nl.tile_size.psum_fmax = {PSUM_FMAX} float32 per partition; a tile of "
                      f"block axes, (B, nl.par_dim(P), F), takes a bank per block)")
-            self.psum_used += per_partition
+            self.psum_used += physical
         else:
-            self.sbuf_used += per_partition
+            self.sbuf_used += physical
         # Capacity is checked when the trace is complete (check_capacity), by when each tile is
         # last used; placement here goes by Python's references, which outlive that (a loop's
         # last tile stays bound to its variable), so only a runaway is stopped now.
         held = self.psum_used if buf.kind == "psum" else self.sbuf_used
         cap = PSUM_PARTITION_BYTES if buf.kind == "psum" else SBUF_PARTITION_BYTES
-        if per_partition > cap:
+        if physical > cap:
             fail(f"{buf.kind.upper()} is full: this tile {list(buf.shape)} {buf.dtype} needs "
-                 f"{per_partition} bytes per partition, more than the {cap} there are; use "
+                 f"{physical} bytes per partition, more than the {cap} there are; use "
                  f"smaller tiles")
         if held > _REFERENCED_LIMIT * cap:
             fail(f"{buf.kind.upper()} is full: tiles the kernel still references hold {held} "
                  f"bytes per partition, {_REFERENCED_LIMIT}x the {cap} there are, with this tile "
                  f"{list(buf.shape)} {buf.dtype}; drop references to tiles no longer needed")
-        self.tile_allocs.append((buf.id, buf.kind, per_partition, list(buf.shape), buf.dtype,
+        self.tile_allocs.append((buf.id, buf.kind, physical, list(buf.shape), buf.dtype,
                                  len(self.instrs), user_line()))
         off = self.arena.alloc(per_partition) if per_partition else 0
         self.buffers[buf.id][2] = buf.nbytes
@@ -327,6 +345,9 @@ class Trace:
         self.tiles[buf.id] = [buf.numel // p if p else 0, off, None]
         self.partitions = max(self.partitions, p)
         buf.per_partition = per_partition
+        buf.physical = physical
+        if buf.blocks > 1:
+            self.block_counts[buf.id] = buf.blocks
 
     def check_capacity(self):
         """SBUF / PSUM capacity with the compiler's liveness: a tile is in use from its
@@ -375,14 +396,19 @@ class Trace:
 
     def free_tile(self, buf: Buffer):
         if buf.kind == "psum":
-            self.psum_used -= buf.per_partition
+            self.psum_used -= buf.physical
         else:
-            self.sbuf_used -= buf.per_partition
+            self.sbuf_used -= buf.physical
         if buf.per_partition:
             self.arena.release(self.buffers[buf.id][4], buf.per_partition)
 
     def add(self, instr: Instr) -> Instr:
         self.instrs.append(instr)
+        d = instr.dst
+        if instr.enabled and d is not None and d.type == 0 and d.buf in self.tiles and \
+                self.buffers[d.buf][0] == "psum":
+            self.psum_written.setdefault(d.buf, set()).update(
+                psum_blocks(self, d.buf, d.offset, d.strides, instr.extent))
         return instr
 
     def layout(self) -> int:
@@ -409,6 +435,21 @@ class Trace:
                     tile[2] = end
                     end += (self.buffers[o.buf][2] + 63) // 64 * 64
         return end
+
+
+def psum_blocks(t: Trace, bid: int, offset: int, strides, extent) -> range:
+    """The blocks (one per bank: a tile's whole free size, or one block of a (B,
+    nl.par_dim(P), F) tile) that elements offset + sum(i * stride) of PSUM tile bid touch."""
+    per_partition = t.tiles[bid][0]
+    if per_partition == 0:
+        return range(0)
+    block = per_partition // t.block_counts.get(bid, 1)
+    lo = hi = offset % per_partition
+    for st, n in zip(strides, extent):
+        if n > 1 and st % per_partition:
+            reach = st * (n - 1)
+            lo, hi = (lo + reach, hi) if reach < 0 else (lo, hi + reach)
+    return range(max(lo, 0) // block, min(hi, per_partition - 1) // block + 1)
 
 
 def encode(program_traces: list, slots: dict, slot_bytes: list, arena_slot: int) -> np.ndarray:

@@ -169,10 +169,13 @@ def ndarray(shape, dtype, buffer=None, name="", **_):
     role = "hbm" if kind == "hbm" else "tile"
     k = next((i for i, s in enumerate(shape) if isinstance(s, par_dim)), 0) \
         if kind != "hbm" and not isinstance(shape, (int, np.integer)) else 0
+    direct = None  # ncc placement: (base address or None, physical tiles)
+    if hasattr(buffer, "physical_blocks"):
+        direct = (buffer.base, buffer.physical_blocks(dims[:k]))
     if k == 0:
-        return new_buffer(dims, _trace.dtype_name(dtype), kind, role)
+        return new_buffer(dims, _trace.dtype_name(dtype), kind, role, direct=direct)
     tile = new_buffer((dims[k],) + dims[:k] + dims[k + 1:], _trace.dtype_name(dtype), kind, role,
-                      blocks=int(np.prod(dims[:k])))
+                      blocks=int(np.prod(dims[:k])), direct=direct)
     order = list(range(1, k + 1)) + [0] + list(range(k + 1, len(dims)))
     return NkiTensor(tile._buf, 0, dims, [tile.strides[j] for j in order])
 
@@ -196,6 +199,22 @@ def static_cast(x, dtype):
     if npdt is None:
         fail(f"nl.static_cast: numpy has no {name} here (install ml_dtypes)")
     return np.asarray(x).astype(npdt)
+
+
+def shared_constant(constant, dtype=None, **_):
+    """An HBM tensor holding `constant` (an array known when the kernel is traced), in dtype
+    (the array's own by default). It reaches the device as a hidden input of the traced
+    program, copied once per device and kept with the program; read-only."""
+    from openneuron.nki._tensor import numpy_dtype
+    data = np.asarray(constant)
+    name = _trace.dtype_name(dtype if dtype is not None else data.dtype)
+    npdt = numpy_dtype(name)
+    if npdt is None:
+        fail(f"nl.shared_constant: numpy has no {name} here (install ml_dtypes)")
+    t = _trace.current()
+    buf = _trace.Buffer(t, "hbm", data.shape, name, "const")
+    t.constants.append((buf.id, np.ascontiguousarray(data.astype(npdt))))
+    return NkiTensor(buf)
 
 
 def shared_identity_matrix(n, dtype=np.uint8, **_):

@@ -212,6 +212,8 @@ def test_grid_program_id_num_programs():
         for j in range(2):
             ref[i * 32:(i + 1) * 32, j * 16:(j + 1) * 16] += 10 * i + j
     np.testing.assert_allclose(k[3, 2](a), ref)
+    with pytest.raises(nki.NkiError, match=r"launch grid \[3, 0\] has no instances"):
+        k[3, 0]
 
 
 @pytest.mark.parametrize("rng", [nl.affine_range, nl.sequential_range, nl.static_range])

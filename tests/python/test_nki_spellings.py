@@ -128,3 +128,111 @@ def test_direct_allocation_and_shared_identity_matrix():
     with pytest.raises(nki.NkiError, match="allocation function"):
         nki.simulate_kernel(nki.jit(lambda a: nl.ndarray((8, 8), dtype=nl.float32,
                                                          buffer=ncc.sbuf.alloc(3))), a)
+
+
+def test_shared_constant_is_a_hidden_input():
+    """nl.shared_constant: data known when traced, on numpy arrays and neuron tensors (copied
+    once per device), bfloat16 through ml_dtypes, the same in every grid instance; writing it or
+    returning it is an error."""
+    import torch
+
+    scale = np.linspace(-1, 1, 64, dtype=np.float32).reshape(64, 1)
+
+    @nki.jit
+    def k(a):
+        c = nl.shared_constant(scale)
+        eye = nl.shared_constant(np.identity(64, dtype=np.int8), dtype=nl.bfloat16)
+        out = nl.ndarray((64, 2 * a.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+        i = nl.program_id(0)
+        t = nl.load(a[:, i * 32:(i + 1) * 32])
+        prod = nl.copy(nisa.nc_matmul(nl.load(eye, dtype=nl.float32), t))  # eye^T @ t = t
+        nl.store(out[:, i * 32:(i + 1) * 32], prod * nl.load(c))
+        nl.store(out[:, 64 + i * 32:64 + (i + 1) * 32], t)
+        return out
+
+    a = rand(64, 64)
+    want = np.concatenate([a * scale, a], axis=1)
+    np.testing.assert_allclose(k[2](a), want, rtol=1e-6)
+    dev = torch.from_numpy(a).to("neuron")
+    for _ in range(2):  # the second launch reuses the device copy
+        np.testing.assert_allclose(k[2](dev).cpu().numpy(), want, rtol=1e-6)
+    assert len(k[2].specialize(dev).device_constants) == 1
+
+    @nki.jit
+    def writes(a):
+        c = nl.shared_constant(np.zeros((4, 4), np.float32))
+        nl.store(c, nl.load(a))  # WRITE
+        out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(c))
+        return out
+
+    with pytest.raises(nki.NkiError, match="read-only") as e:
+        writes(rand(4, 4))
+    assert "test_nki_spellings.py" in str(e.value)
+
+    @nki.jit
+    def returns(a):
+        return nl.shared_constant(np.zeros((4, 4), np.float32))
+
+    with pytest.raises(nki.NkiError, match="returns an nl.shared_constant"):
+        returns(rand(4, 4))
+
+
+def test_psum_accumulation_group_starts_by_overwriting():
+    """`acc[...] += nisa.nc_matmul(...)` into PSUM nothing has written starts the accumulation
+    (NKI: the first matmul into a PSUM location overwrites), per bank of a block tile; an
+    elementwise += into an unwritten tile still reads its NaN."""
+    @nki.jit
+    def k(a, b):
+        acc = nl.ndarray((3, nl.par_dim(64), 128), dtype=nl.float32, buffer=nl.psum)
+        out = nl.ndarray((3, 64, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        for blk in nl.affine_range(3):
+            for kt in nl.affine_range(2):
+                acc[blk] += nisa.nc_matmul(nl.load(a[blk, kt * 128:(kt + 1) * 128]),
+                                           nl.load(b[blk, kt * 128:(kt + 1) * 128]))
+            nl.store(out[blk], nl.copy(acc[blk]))
+        return out
+
+    a, b = rand(3, 256, 64), rand(3, 256, 128)
+    want = np.einsum("bkm,bkn->bmn", a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(k(a, b), want, rtol=1e-4, atol=1e-4)
+
+    @nki.jit
+    def elementwise(a):
+        acc = nl.ndarray((64, 128), dtype=nl.float32, buffer=nl.psum)
+        acc[...] += nl.load(a)
+        out = nl.ndarray((64, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.copy(acc))
+        return out
+
+    assert np.isnan(elementwise(rand(64, 128))).all()
+
+
+def test_modulo_allocation_counts_physical_tiles():
+    """ncc.psum.mod_alloc(num_bank_tiles=(2,)) maps 32 blocks on 2 banks: it fits, and the
+    device's own accounting leaves it out (direct allocations overlap by design); a placement
+    past the memory's end is an error."""
+    @nki.jit
+    def k(a):
+        t = nl.ndarray((32, nl.par_dim(128), 512), dtype=nl.float32,
+                       buffer=ncc.psum.mod_alloc(base_bank=6, num_bank_tiles=(2,)))
+        auto = nl.ndarray((8, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.psum)
+        out = nl.ndarray((32, 128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(32):
+            t[i] = nl.load(a) * float(i)
+            auto[i % 8] = nl.copy(t[i])
+            nl.store(out[i], auto[i % 8])
+        return out
+
+    a = rand(128, 512)
+    np.testing.assert_allclose(k(a), a[None] * np.arange(32, dtype=np.float32)[:, None, None],
+                               rtol=1e-6)
+
+    @nki.jit
+    def past_end(a):
+        nl.ndarray((4, nl.par_dim(128), 512), dtype=nl.float32,
+                   buffer=ncc.psum.mod_alloc(base_bank=7, num_bank_tiles=(2,)))  # END
+        return a
+
+    with pytest.raises(nki.NkiError, match="direct allocation .* end past"):
+        past_end(a)
