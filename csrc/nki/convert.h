@@ -2,7 +2,8 @@
 // the float32 that every instruction computes in. Integers saturate and truncate toward zero
 // (NaN -> 0, as numpy's astype does on this host); float8 rounds to nearest even with the
 // overflow rules of torch's tensor conversions (torch 2.13: e4m3fn saturates, e5m2 overflows to
-// infinity). Not the loops (execute.cpp, matmul.cpp, gather_scan.cpp).
+// infinity). Also the bitwise operations on a lane's int32 value. Not the loops (execute.cpp,
+// matmul.cpp, gather_scan.cpp).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,37 @@ inline T to_int(float x, float lo, float hi) {
   c = c < lo ? lo : c;
   c = c != c ? 0.0f : c;
   return static_cast<T>(c);
+}
+
+// Bitwise operations on the int32 values of float lanes; shifts by a count taken modulo 32,
+// right shifts arithmetic (int32's sign), as numpy's on int32.
+inline float bits_op(Op op, float a, float b) {
+  const int32_t x = to_int<int32_t>(a, -2147483648.0f, 2147483520.0f);
+  const int32_t y = to_int<int32_t>(b, -2147483648.0f, 2147483520.0f);
+  const uint32_t ux = static_cast<uint32_t>(x);
+  int32_t r = 0;
+  switch (op) {
+    case Op::k_bitwise_and:
+      r = x & y;
+      break;
+    case Op::k_bitwise_or:
+      r = x | y;
+      break;
+    case Op::k_bitwise_xor:
+      r = x ^ y;
+      break;
+    case Op::k_left_shift:
+      r = static_cast<int32_t>(ux << (static_cast<uint32_t>(y) & 31u));
+      break;
+    case Op::k_right_shift:  // arithmetic, without right-shifting a negative int (UB-free)
+      r = x >= 0 ? static_cast<int32_t>(ux >> (static_cast<uint32_t>(y) & 31u))
+                 : ~static_cast<int32_t>(~ux >> (static_cast<uint32_t>(y) & 31u));
+      break;
+    default:  // invert
+      r = ~x;
+      break;
+  }
+  return static_cast<float>(r);
 }
 
 // float8_e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities, 0x7F/0xFF NaN. As

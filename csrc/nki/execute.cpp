@@ -137,11 +137,10 @@ OPENNEURON_INLINE void store_lanes(DType dt, char* base, int64_t off, int64_t st
 
 OPENNEURON_INLINE float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
 
-OPENNEURON_INLINE float bits_op(Op op, float a, float b) {
-  const int32_t x = to_int<int32_t>(a, -2147483648.0f, 2147483520.0f);
-  const int32_t y = to_int<int32_t>(b, -2147483648.0f, 2147483520.0f);
-  const int32_t r = op == Op::k_bitwise_and ? (x & y) : op == Op::k_bitwise_or ? (x | y) : (x ^ y);
-  return static_cast<float>(r);
+// d/dx of the sigmoid-approximated GELU, x * sigmoid(1.702 x).
+OPENNEURON_INLINE float gelu_sigmoid_dx(float x) {
+  const float s = 1.0f / (1.0f + exp_f32(-1.702f * x));
+  return s + 1.702f * x * s * (1.0f - s);
 }
 
 // A uniform float in [0, 1) from (seed, lane index): splitmix64, counter-based like Philox.
@@ -219,6 +218,24 @@ OPENNEURON_INLINE void apply(Op op, int n, float* o, const float* a, const float
       NKI_LOOP(std::trunc(x));
     case Op::k_logical_not:
       NKI_LOOP(x == 0.0f ? 1.0f : 0.0f);
+    case Op::k_tan:
+      NKI_LOOP(std::tan(x));
+    case Op::k_arctan:
+      NKI_LOOP(std::atan(x));
+    case Op::k_gelu_apprx_sigmoid:
+      NKI_LOOP(x * sigmoid_f(1.702f * x));
+    case Op::k_gelu_dx:  // Phi(x) + x phi(x)
+      NKI_LOOP(0.5f * (1.0f + std::erf(x * 0.70710678118654752f)) +
+               x * 0.3989422804014327f * exp_f32(-0.5f * x * x));
+    case Op::k_gelu_apprx_sigmoid_dx:
+      NKI_LOOP(gelu_sigmoid_dx(x));
+    case Op::k_silu_dx:
+      NKI_LOOP(sigmoid_f(x) * (1.0f + x * (1.0f - sigmoid_f(x))));
+    case Op::k_erf_dx:  // 2 / sqrt(pi) exp(-x^2)
+      NKI_LOOP(1.1283791670955126f * exp_f32(-x * x));
+    case Op::k_invert:
+      for (int j = 0; j < n; ++j) o[j] = bits_op(op, a[AS ? 0 : j], 0.0f);
+      break;
     case Op::k_add:
       NKI_LOOP(x + y);
     case Op::k_subtract:
@@ -231,6 +248,10 @@ OPENNEURON_INLINE void apply(Op op, int n, float* o, const float* a, const float
       NKI_LOOP(x > y ? x : y);
     case Op::k_minimum:
       NKI_LOOP(x < y ? x : y);
+    case Op::k_abs_max:  // the signed value of the larger magnitude (x on a tie)
+      NKI_LOOP(std::fabs(x) >= std::fabs(y) ? x : y);
+    case Op::k_abs_min:
+      NKI_LOOP(std::fabs(x) <= std::fabs(y) ? x : y);
     case Op::k_power:
       NKI_LOOP(std::pow(x, y));
     case Op::k_mod:
@@ -256,6 +277,8 @@ OPENNEURON_INLINE void apply(Op op, int n, float* o, const float* a, const float
     case Op::k_bitwise_and:
     case Op::k_bitwise_or:
     case Op::k_bitwise_xor:
+    case Op::k_left_shift:
+    case Op::k_right_shift:
       for (int j = 0; j < n; ++j) o[j] = bits_op(op, a[AS ? 0 : j], b[BS ? 0 : j]);
       break;
     case Op::k_select:

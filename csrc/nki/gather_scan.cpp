@@ -56,15 +56,16 @@ float binary(Op op, float x, float y) {
       return (x != 0.0f || y != 0.0f) ? 1.0f : 0.0f;
     case Op::k_logical_xor:
       return ((x != 0.0f) != (y != 0.0f)) ? 1.0f : 0.0f;
+    case Op::k_abs_max:
+      return std::fabs(x) >= std::fabs(y) ? x : y;
+    case Op::k_abs_min:
+      return std::fabs(x) <= std::fabs(y) ? x : y;
     case Op::k_bitwise_and:
     case Op::k_bitwise_or:
-    case Op::k_bitwise_xor: {
-      const int32_t a = to_int<int32_t>(x, -2147483648.0f, 2147483520.0f);
-      const int32_t b = to_int<int32_t>(y, -2147483648.0f, 2147483520.0f);
-      return static_cast<float>(op == Op::k_bitwise_and  ? (a & b)
-                                : op == Op::k_bitwise_or ? (a | b)
-                                                         : (a ^ b));
-    }
+    case Op::k_bitwise_xor:
+    case Op::k_left_shift:
+    case Op::k_right_shift:
+      return bits_op(op, x, y);
     default:
       return x;
   }

@@ -53,11 +53,14 @@ const char* dtype_name(DType dt);
   X(copy, 1) X(neg, 1) X(abs, 1) X(exp, 1) X(log, 1) X(sqrt, 1) X(rsqrt, 1) X(reciprocal, 1)   \
   X(tanh, 1) X(sigmoid, 1) X(relu, 1) X(gelu, 1) X(gelu_apprx_tanh, 1) X(silu, 1)             \
   X(softplus, 1) X(mish, 1) X(sin, 1) X(cos, 1) X(square, 1) X(sign, 1) X(erf, 1)             \
-  X(floor, 1) X(ceil, 1) X(trunc, 1) X(logical_not, 1)                                        \
+  X(floor, 1) X(ceil, 1) X(trunc, 1) X(logical_not, 1) X(tan, 1) X(arctan, 1)                \
+  X(gelu_apprx_sigmoid, 1) X(gelu_dx, 1) X(gelu_apprx_sigmoid_dx, 1) X(silu_dx, 1)            \
+  X(erf_dx, 1) X(invert, 1)                                                                   \
   X(add, 2) X(subtract, 2) X(multiply, 2) X(divide, 2) X(maximum, 2) X(minimum, 2)            \
   X(power, 2) X(mod, 2) X(equal, 2) X(not_equal, 2) X(less, 2) X(less_equal, 2)               \
   X(greater, 2) X(greater_equal, 2) X(logical_and, 2) X(logical_or, 2) X(logical_xor, 2)      \
-  X(bitwise_and, 2) X(bitwise_or, 2) X(bitwise_xor, 2) X(select, 3) X(dropout, 3)
+  X(bitwise_and, 2) X(bitwise_or, 2) X(bitwise_xor, 2) X(left_shift, 2) X(right_shift, 2)     \
+  X(abs_max, 2) X(abs_min, 2) X(select, 3) X(dropout, 3)
 // clang-format on
 
 enum class Op : uint8_t {

@@ -25,12 +25,8 @@ def skip_middle_end_transformations(kernel):
     return kernel
 
 
-class no_reorder:
-    """`nl.sequential_range(n, directives=ncc.no_reorder())`: keep the loop body's order. The
-    executor runs a traced program in its order anyway (within what the data allow)."""
-
-    def __repr__(self):
-        return "ncc.no_reorder()"
+# `nl.sequential_range(n, directives=ncc.no_reorder())`, `with nl.no_reorder():`
+no_reorder = nl.no_reorder
 
 
 class Placement(BufferKind):

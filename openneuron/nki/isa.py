@@ -73,8 +73,27 @@ _DgeModeEnum = dge_mode
 
 
 class nc_version(enum.IntEnum):
-    gen2 = 2
-    gen3 = 3
+    gen2 = 2  # Trn1 / Inf2
+    gen3 = 3  # Trn2: the generation the device models
+    gen4 = 4  # Trn3
+
+
+class matmul_perf_mode(enum.Enum):
+    """nc_matmul's perf_mode (accepted; the device computes every mode's matmul the same)."""
+
+    none = "none"
+    double_row = "double_row"
+
+
+class dma_engine(enum.IntEnum):
+    """The DMA engine of a transfer (accepted; the executor runs every copy the same way)."""
+
+    dma = 1
+    gpsimd_dma = 2
+
+
+def get_nc_sub_version():
+    return 0
 
 
 def get_nc_version():
@@ -84,11 +103,12 @@ def get_nc_version():
 # `nki.isa.constants` (imported as `from neuronxcc.nki.isa.constants import dge_mode`): the
 # enums above, as one module
 constants = types.ModuleType("nki.isa.constants", "NKI ISA enums (engine, modes, versions).")
-for _enum in (engine, reduce_cmd, dge_mode, oob_mode, nc_version):
+for _enum in (engine, reduce_cmd, dge_mode, oob_mode, nc_version, matmul_perf_mode, dma_engine):
     setattr(constants, _enum.__name__, _enum)
 
 
 fp32 = nl.fp32
+NkiValidationError = _trace.NkiError  # what a kernel's invalid use raises
 
 
 _NUMPY_OPS = {"true_divide": "divide", "absolute": "abs", "negative": "neg", "fmod": "mod",

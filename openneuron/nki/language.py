@@ -37,6 +37,8 @@ float16 = np.float16
 bfloat16 = BFLOAT16
 tfloat32 = DTypeConst("tfloat32")
 float8_e4m3 = FLOAT8_E4M3  # stored as torch.float8_e4m3fn (no infinities)
+float8_e4m3fn = FLOAT8_E4M3
+bool_ = np.bool_  # stored as a byte, as uint8
 float8_e5m2 = FLOAT8_E5M2
 int32 = np.int32
 int16 = np.int16
@@ -201,6 +203,47 @@ def static_cast(x, dtype):
     return np.asarray(x).astype(npdt)
 
 
+class NKIObject:
+    """Base class of NKI kernel dataclasses and configuration objects (NKI's compiler traces
+    through them; here they are plain Python objects)."""
+
+    def __init__(self, **kwargs):
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+
+def is_hbm(buffer) -> bool:
+    """Whether a buffer (nl.hbm, nl.shared_hbm, ...; or a tensor's) is HBM."""
+    return _buffer_of(buffer) == "hbm"
+
+
+def is_sbuf(buffer) -> bool:
+    return _buffer_of(buffer) == "sbuf"
+
+
+def is_psum(buffer) -> bool:
+    return _buffer_of(buffer) == "psum"
+
+
+def is_on_chip(buffer) -> bool:
+    return _buffer_of(buffer) in ("sbuf", "psum")
+
+
+def _buffer_of(buffer) -> str:
+    return buffer._buf.kind if isinstance(buffer, NkiTensor) else _tensor_kind(buffer)
+
+
+class no_reorder:
+    """`with nl.no_reorder():` keeps the block's operations in program order. The executor runs
+    a traced program in order anyway (within what the data allow); also a loop directive."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def shared_constant(constant, dtype=None, **_):
     """An HBM tensor holding `constant` (an array known when the kernel is traced), in dtype
     (the array's own by default). It reaches the device as a hidden input of the traced
@@ -315,6 +358,20 @@ def copy(src, mask=None, dtype=None, buffer=None, **_):
     out = new_buffer(_emit.shape_of(src), dt, _tensor_kind(buffer))
     _emit.copy_into(out, src, mask=mask)
     return out
+
+
+def expand_dims(x, axis):
+    """A view of x with a new axis of one position at `axis` (numpy's expand_dims)."""
+    if not isinstance(x, NkiTensor):
+        fail("nl.expand_dims takes a tile")
+    axes = sorted(a % (x.ndim + 1) for a in (axis if isinstance(axis, (tuple, list)) else [axis]))
+    shape, strides = list(x.shape), list(x.strides)
+    for a in axes:
+        shape.insert(a, 1)
+        strides.insert(a, 0)
+    if x._buf.kind != "hbm" and axes[0] == 0:
+        fail("nl.expand_dims: a tile keeps its partition axis first; insert the axis after it")
+    return NkiTensor(x._buf, x.offset, shape, strides, x.checks)
 
 
 def broadcast_to(src, shape, **_):
@@ -439,6 +496,18 @@ logical_xor = _make("logical_xor", 2, "compare")
 bitwise_and = _make("bitwise_and", 2)
 bitwise_or = _make("bitwise_or", 2)
 bitwise_xor = _make("bitwise_xor", 2)
+left_shift = _make("left_shift", 2)  # integers; right shifts keep the sign, as numpy's
+right_shift = _make("right_shift", 2)
+invert = bitwise_not = _make("invert", 1)
+abs_max = _make("abs_max", 2)  # the signed value of the larger magnitude
+abs_min = _make("abs_min", 2)
+tan = _make("tan", 1, "float")
+arctan = _make("arctan", 1, "float")
+gelu_apprx_sigmoid = _make("gelu_apprx_sigmoid", 1, "float")  # x * sigmoid(1.702 x)
+gelu_dx = _make("gelu_dx", 1, "float")
+gelu_apprx_sigmoid_dx = _make("gelu_apprx_sigmoid_dx", 1, "float")
+silu_dx = _make("silu_dx", 1, "float")
+erf_dx = _make("erf_dx", 1, "float")
 negative._nki_op = "neg"
 identity = _make("copy", 1)
 
@@ -521,6 +590,22 @@ def all(x, axis, dtype=None, mask=None, keepdims=False, **_):
 
 def any(x, axis, dtype=None, mask=None, keepdims=False, **_):
     return _reduce("any", "maximum", not_equal(x, 0), axis, dtype, mask, keepdims)
+
+
+def var(x, axis, dtype=None, mask=None, keepdims=False, **_):
+    """Population variance (numpy's var, ddof=0) along free axes: mean((x - mean)^2)."""
+    m = mean(x, axis, keepdims=True, mask=mask, dtype=float32)
+    d = subtract(x, m, dtype=float32, mask=mask)
+    return mean(multiply(d, d, mask=mask), axis, dtype=dtype or x.dtype, mask=mask,
+                keepdims=keepdims)
+
+
+def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None, **_):
+    """x * rsqrt(sum(x^2 along axis) / n + epsilon) * w (n: the count the mean divides by)."""
+    ss = sum(square(x, dtype=float32, mask=mask), axis, keepdims=True, mask=mask)
+    r = rsqrt(add(multiply(ss, 1.0 / n), float(epsilon)))
+    return multiply(multiply(x, r, dtype=float32, mask=mask), w, dtype=dtype or x.dtype,
+                    mask=mask)
 
 
 def softmax(x, axis, dtype=None, mask=None, **_):

@@ -138,6 +138,20 @@ std::unique_ptr<Program> scan_program(int64_t P, int64_t F, int op0, bool revers
   return e.parse();
 }
 
+// Shifts take their count modulo 32 (no shift past the width: UB in C++); right shifts keep a
+// negative value's sign, as numpy's on int32.
+TEST(NkiIsa, BitwiseShiftsAndInvertOnInt32Lanes) {
+  EXPECT_EQ(bits_op(Op::k_left_shift, 3.0f, 4.0f), 48.0f);
+  EXPECT_EQ(bits_op(Op::k_left_shift, 1.0f, 33.0f), 2.0f);
+  EXPECT_EQ(bits_op(Op::k_left_shift, -3.0f, 2.0f), -12.0f);
+  EXPECT_EQ(bits_op(Op::k_right_shift, -7.0f, 1.0f), -4.0f);
+  EXPECT_EQ(bits_op(Op::k_right_shift, -1.0f, 31.0f), -1.0f);
+  EXPECT_EQ(bits_op(Op::k_right_shift, 1024.0f, 3.0f), 128.0f);
+  EXPECT_EQ(bits_op(Op::k_invert, 5.0f, 0.0f), -6.0f);
+  EXPECT_EQ(bits_op(Op::k_invert, -1.0f, 0.0f), 0.0f);
+  EXPECT_EQ(bits_op(Op::k_bitwise_xor, 6.0f, 3.0f), 5.0f);
+}
+
 TEST(NkiIsa, ScanAlongTheFreeAxis) {
   const int64_t P = 3, F = 6;
   std::vector<float> a(P * F), b(P * F), init = {0.5f, -1.0f, 2.0f}, out(P * F, -7.0f);

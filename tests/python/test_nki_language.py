@@ -51,6 +51,15 @@ UNARY = {
     "floor": np.floor, "ceil": np.ceil,
     "gelu_apprx_tanh": lambda x: 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x**3))),
     "softplus": lambda x: np.log1p(np.exp(x)), "erf": np.vectorize(math.erf),
+    "tan": np.tan, "arctan": np.arctan,
+    "gelu_apprx_sigmoid": lambda x: x / (1 + np.exp(-1.702 * x)),
+    # derivatives: the closed forms NKI documents, checked against torch autograd below
+    "gelu_dx": lambda x: 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi),
+    "gelu_apprx_sigmoid_dx": lambda x: (s := 1 / (1 + np.exp(-1.702 * x)))
+    + 1.702 * x * s * (1 - s),
+    "silu_dx": lambda x: (s := 1 / (1 + np.exp(-x))) * (1 + x * (1 - s)),
+    "erf_dx": lambda x: 2 / math.sqrt(math.pi) * np.exp(-x * x),
 }
 
 
@@ -59,6 +68,60 @@ def test_unary(name):
     positive = name in ("log", "sqrt", "rsqrt", "reciprocal")
     a = rand(128, 96, lo=0.1 if positive else -3.0, hi=3.0)
     np.testing.assert_allclose(unary_kernel(name)(a), UNARY[name](a), rtol=2e-5, atol=2e-6)
+
+
+def test_derivative_activations_match_autograd():
+    """nl.gelu_dx / silu_dx / erf_dx / gelu_apprx_sigmoid_dx are d/dx of gelu, silu, erf and
+    x * sigmoid(1.702 x): against torch autograd in float64."""
+    x = torch.linspace(-4, 4, 128 * 64, dtype=torch.float64).reshape(128, 64).requires_grad_()
+    fns = {"gelu_dx": torch.nn.functional.gelu, "silu_dx": torch.nn.functional.silu,
+           "erf_dx": torch.erf, "gelu_apprx_sigmoid_dx": lambda v: v * torch.sigmoid(1.702 * v)}
+    for name, f in fns.items():
+        (grad,) = torch.autograd.grad(f(x).sum(), x)
+        got = unary_kernel(name)(x.detach().float().numpy())
+        np.testing.assert_allclose(got, grad.numpy(), rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+def test_integer_bitwise_shifts_and_invert():
+    """left_shift / right_shift (arithmetic on negatives) / invert on int32 tiles, as numpy."""
+    @nki.jit
+    def k(a, b):
+        outs = [nl.ndarray(a.shape, dtype=nl.int32, buffer=nl.shared_hbm) for _ in range(3)]
+        x, y = nl.load(a), nl.load(b)
+        nl.store(outs[0], nl.left_shift(x, y))
+        nl.store(outs[1], nl.right_shift(x, y))
+        nl.store(outs[2], nl.invert(x))
+        return tuple(outs)
+
+    a = RNG.integers(-(1 << 20), 1 << 20, size=(64, 32)).astype(np.int32)
+    b = RNG.integers(0, 4, size=(64, 32)).astype(np.int32)
+    left, right, inv = k(a, b)
+    np.testing.assert_array_equal(left, np.left_shift(a, b))
+    np.testing.assert_array_equal(right, np.right_shift(a, b))
+    np.testing.assert_array_equal(inv, np.invert(a))
+
+
+def test_abs_max_abs_min_var_rms_norm_expand_dims():
+    @nki.jit
+    def k(a, b, w):
+        x, y = nl.load(a), nl.load(b)
+        outs = [nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm) for _ in range(3)]
+        var = nl.ndarray((a.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(outs[0], nl.abs_max(x, y))
+        nl.store(outs[1], nl.abs_min(x, y))
+        nl.store(var, nl.var(x, axis=1, keepdims=True))
+        nl.store(outs[2], nl.rms_norm(x, nl.load(w), axis=1, n=a.shape[1]))
+        e = nl.expand_dims(y, 1)
+        assert e.shape == (a.shape[0], 1, a.shape[1])
+        return (*outs, var)
+
+    a, b, w = rand(64, 48), rand(64, 48), rand(1, 48)
+    amax, amin, rms, var = k(a, b, w)
+    np.testing.assert_array_equal(amax, np.where(np.abs(a) >= np.abs(b), a, b))
+    np.testing.assert_array_equal(amin, np.where(np.abs(a) <= np.abs(b), a, b))
+    np.testing.assert_allclose(var, a.var(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+    want = a / np.sqrt(np.mean(a * a, axis=1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(rms, want, rtol=1e-5, atol=1e-6)
 
 
 BINARY = {

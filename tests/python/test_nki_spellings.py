@@ -236,3 +236,32 @@ def test_modulo_allocation_counts_physical_tiles():
 
     with pytest.raises(nki.NkiError, match="direct allocation .* end past"):
         past_end(a)
+
+
+def test_library_helpers_nkiobject_buffer_predicates_no_reorder():
+    """What aws-neuron/nki-library kernels lean on: nl.NKIObject configuration classes,
+    nl.is_hbm / is_sbuf / is_psum / is_on_chip, `with nl.no_reorder():`, nl.float8_e4m3fn and
+    nl.bool_ dtypes, nisa.nc_version.gen4 / matmul_perf_mode / get_nc_sub_version."""
+    class Cfg(nl.NKIObject):
+        pass
+
+    cfg = Cfg(scale=3.0, rows=16)
+    assert (cfg.scale, cfg.rows) == (3.0, 16)
+    assert nisa.nc_version.gen4 == 4 and nisa.get_nc_sub_version() == 0
+    assert nisa.matmul_perf_mode("double_row") is nisa.matmul_perf_mode.double_row
+    assert nl.float8_e4m3fn == nl.float8_e4m3  # one format: torch's float8_e4m3fn
+
+    @nki.jit
+    def k(a, flags):
+        assert nl.is_hbm(a) and nl.is_hbm(nl.shared_hbm) and not nl.is_on_chip(a)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        with nl.no_reorder():
+            t = nl.load(a)
+            assert nl.is_sbuf(t) and nl.is_on_chip(t) and not nl.is_psum(t)
+            m = nl.load(flags)
+            nl.store(out, nl.where(m, t * cfg.scale, t))
+        return out
+
+    a = rand(cfg.rows, 8)
+    flags = RNG.integers(0, 2, size=(cfg.rows, 8)).astype(nl.bool_)
+    np.testing.assert_allclose(k(a, flags), np.where(flags, 3 * a, a), rtol=1e-6)
