@@ -366,10 +366,11 @@ class Trace:
             """`x[...] = nisa.op(...)`: the op's result, copied at once into a tile of its own
             memory and used nowhere else, is written in place by the compiler (no room)."""
             u = uses.get(bid, [])
-            if len(u) != 2 or u[1] != u[0] + 1 or self.instrs[u[0]].dst.buf != bid:
+            if len(u) != 2 or u[1] != u[0] + 1:
                 return False
-            nxt = self.instrs[u[1]]
-            return nxt.dst.buf != bid and kinds.get(nxt.dst.buf) == kinds[bid]
+            made, nxt = self.instrs[u[0]].dst, self.instrs[u[1]].dst
+            return made is not None and made.buf == bid and nxt is not None and \
+                nxt.buf != bid and kinds.get(nxt.buf) == kinds[bid]
 
         for kind, cap in (("sbuf", SBUF_PARTITION_BYTES), ("psum", PSUM_PARTITION_BYTES)):
             events = []
