@@ -158,6 +158,11 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
             m[bid] = n_args + j
         for j, k in enumerate(new_outputs):
             m[t.hbm_allocs[k]] = n_in + j
+        if len(t.prints) != len(t0.prints):
+            raise NkiError(f"kernel '{name}': grid instances make different nl.device_print "
+                           f"calls")
+        for j, (bid, _) in enumerate(t.prints):  # one buffer for the grid, a row each
+            m[bid] = n_in + len(new_outputs) + j
         # HBM scratch: after the tiles in this instance's arena
         end = t.layout()
         for bid in t.hbm_allocs:
@@ -173,6 +178,8 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
         sizes.append(_buf_bytes(t0.buffers[bid]))
     for k in new_outputs:
         sizes.append(_buf_bytes(t0.buffers[t0.hbm_allocs[k]]))
+    for bid, _ in t0.prints:
+        sizes.append(_buf_bytes(t0.buffers[bid]))
     arena = max(t.arena_bytes for t in traces)
     sizes.append(max(arena, 64))
     arena_slot = len(sizes) - 1
@@ -195,6 +202,9 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
                     [arrays[i] if i is not None else None for i in input_outputs], n_in, traces)
     traced.out_dtypes_index = new_outputs
     traced.constants = consts
+    traced.prints = [(t0.buffers[bid][1], tuple(t0.buffers[bid][5]), prefix)
+                     for bid, prefix in t0.prints]  # (dtype, shape, prefix)
+    traced.grid = tuple(traces[0].grid)
     traced.device_constants = {}  # device -> the constants as tensors there
     traced.arrays = arrays
     traced.lines = list(lines)
@@ -337,8 +347,11 @@ def _launch_device(traced, args, arrays):
         ins = ins + consts
     new = [torch.empty(shape, dtype=_torch_dtype(dt), device=device)
            for (shape, dt), src in zip(traced.out_specs, traced.input_outputs) if src is None]
+    prints = [torch.empty(shape, dtype=_torch_dtype(dt), device=device)
+              for dt, shape, _ in traced.prints]
     from openneuron import _C
-    _C._nki_launch(traced.program, ins + new)
+    _C._nki_launch(traced.program, ins + new + prints)
+    _print(traced, [p.cpu() for p in prints])  # .cpu() waits for the kernel
     for i, (a, c) in enumerate(zip(arrays, ins)):
         if c is not a and traced.arrays[i] in traced.written_inputs:
             a.copy_(c)
@@ -373,8 +386,10 @@ def _launch_host(traced, args, arrays):
                                    f"without the ml_dtypes package; install it, or call the "
                                    f"kernel with torch tensors")
                 new.append(np.empty(shape, dtype=npdt))
+    prints = [np.empty(shape, dtype=numpy_dtype(dt)) if not torch_in and numpy_dtype(dt)
+              else _torch().empty(shape, dtype=_torch_dtype(dt)) for dt, shape, _ in traced.prints]
     addrs, sizes = [], []
-    for b in bufs + consts + new:
+    for b in bufs + consts + new + prints:
         if _is_tensor(b):
             addrs.append(b.data_ptr())
             sizes.append(b.numel() * b.element_size())
@@ -383,10 +398,21 @@ def _launch_host(traced, args, arrays):
             sizes.append(b.nbytes)
     from openneuron import _C
     _C._nki_run_host(traced.program, addrs, sizes)
+    _print(traced, prints)
     for i, (a, c) in enumerate(zip(arrays, bufs)):
         if c is not a and traced.arrays[i] in traced.written_inputs:
             a[...] = c
     return traced.pack(_outputs(traced, args, new))
+
+
+def _print(traced, values):
+    """nl.device_print's lines: the prefix and the values, one line per grid instance."""
+    for (_, _, prefix), v in zip(traced.prints, values):
+        v = v.float().numpy() if _is_tensor(v) else v
+        for i, row in enumerate(v):
+            pid = ", ".join(str(int(j)) for j in np.unravel_index(i, traced.grid))
+            where = f" [program {pid}]" if traced.grid else ""
+            print(f"{prefix}{where} {np.array2string(np.asarray(row))}", flush=True)
 
 
 def _as_tensor(array):

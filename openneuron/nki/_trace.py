@@ -261,7 +261,8 @@ class Trace:
         self.instrs: list[Instr] = []
         self.lines = lines  # shared by the instances of one program
         self.line_index = line_index
-        self.buffers = {}  # id -> (kind, dtype, nbytes, role, offset: in a partition for tiles)
+        # id -> [kind, dtype, nbytes, role, offset (in a partition for tiles), shape]
+        self.buffers = {}
         self.buffer_ids = buffer_ids
         self.arena = Arena()
         self.tiles = {}  # tile id -> [elements per partition, partition offset, linear offset]
@@ -275,13 +276,14 @@ class Trace:
         self.tile_allocs = []
         self.hbm_allocs = []  # ids of HBM buffers the kernel allocated, in order
         self.constants = []  # (id, numpy data) of nl.shared_constant tensors, in order
+        self.prints = []  # (id, prefix) of nl.device_print copies, hidden outputs, in order
         self.psum_written = {}  # PSUM tile id -> blocks (banks) some instruction has written
         self.block_counts = {}  # tile id -> blocks, for (B, nl.par_dim(P), F) tiles
         self.active = True
 
     def new_buffer_id(self, buf: Buffer) -> int:
         i = next(self.buffer_ids)
-        self.buffers[i] = [buf.kind, buf.dtype, 0, buf.role, None]
+        self.buffers[i] = [buf.kind, buf.dtype, 0, buf.role, None, buf.shape]
         if buf.role == "hbm":
             self.hbm_allocs.append(i)
         return i

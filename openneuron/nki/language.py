@@ -633,16 +633,16 @@ def matmul(x, y, transpose_x=False, mask=None, **_):
 
 # --- debugging ---------------------------------------------------------------------------------
 
-_printed = set()
-
-
-def device_print(prefix, x, **_):
-    """Not available: the executor does not call back into Python. Warns once per line."""
-    import warnings
-
-    where = _trace.user_line()
-    if where not in _printed:
-        _printed.add(where)
-        warnings.warn(f"{where}: nl.device_print is not supported by the neuron NKI executor "
-                      "(kernels run in C++); return the tile as an output to inspect it",
-                      stacklevel=2)
+def device_print(print_prefix, tensor, **_):
+    """Prints `print_prefix` and the tile's (or HBM tensor's) values as they are at this point
+    of the kernel, once it has run: the values are copied into a hidden output of the traced
+    program, printed to stdout when the launch completes (a launch on neuron tensors with
+    device_print waits for its kernel), one line per grid instance."""
+    if not isinstance(tensor, NkiTensor):
+        fail(f"nl.device_print({print_prefix!r}, ...) takes a tile or HBM tensor")
+    t = _trace.current()
+    n = builtins.max(1, int(np.prod(t.grid))) if t.grid else 1
+    buf = _trace.Buffer(t, "hbm", (n, *tensor.shape), tensor._buf.dtype, "print")
+    index = int(np.ravel_multi_index(t.program_ids, t.grid)) if t.grid else 0
+    _emit.copy_into(NkiTensor(buf)[index], tensor, allow_hbm=True)
+    t.prints.append((buf.id, str(print_prefix)))

@@ -265,3 +265,30 @@ def test_library_helpers_nkiobject_buffer_predicates_no_reorder():
     a = rand(cfg.rows, 8)
     flags = RNG.integers(0, 2, size=(cfg.rows, 8)).astype(nl.bool_)
     np.testing.assert_allclose(k(a, flags), np.where(flags, 3 * a, a), rtol=1e-6)
+
+
+def test_device_print_shows_values_at_that_point(capsys):
+    """nl.device_print: the tile's values where the call is, printed when the launch ends (a
+    line per grid instance), on numpy arrays and on neuron tensors (the launch then waits)."""
+    import torch
+
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        i = nl.program_id(0)
+        t = nl.load(a[i * 2:(i + 1) * 2])
+        nl.device_print("loaded", t)
+        t[...] = t * 2.0
+        nl.device_print("doubled", t)
+        nl.store(out[i * 2:(i + 1) * 2], t)
+        return out
+
+    a = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for arg in (a, torch.from_numpy(a).to("neuron")):
+        out = k[2](arg)
+        np.testing.assert_array_equal(out.cpu().numpy() if hasattr(out, "cpu") else out, 2 * a)
+        lines = capsys.readouterr().out.replace("\n ", " ").splitlines()
+        assert lines == ["loaded [program 0] [[0. 1. 2.] [3. 4. 5.]]",
+                         "loaded [program 1] [[ 6.  7.  8.] [ 9. 10. 11.]]",
+                         "doubled [program 0] [[ 0.  2.  4.] [ 6.  8. 10.]]",
+                         "doubled [program 1] [[12. 14. 16.] [18. 20. 22.]]"], lines
