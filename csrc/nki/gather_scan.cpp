@@ -225,21 +225,23 @@ void run_gather(const Instr& in, char* const* slots, const Program& prog) {
   const int64_t n_valid = in.extent[1], n_elem = in.extent[2];
   const size_t size = dtype_size(src.dtype);
   const bool same_type = src.dtype == dst.dtype;
+  const char* what = in.gather_own_row ? "nl.gather_flattened" : "nisa.local_gather";
   for (int64_t p = 0; p < in.extent[0]; ++p) {
     const int64_t core0 = p / 16 * 16;
     for (int64_t j = 0; j < n_valid; ++j) {
-      const int64_t q = core0 + j % 16, col = j / 16;
+      const int64_t q = in.gather_own_row ? p : core0 + j % 16;
+      const int64_t col = in.gather_own_row ? j : j / 16;
       const float raw = load_one(index.dtype, slots[index.slot],
                                  index.offset + index.stride[0] * q + index.stride[1] * col);
       if (!(raw >= 0.0f) ||
           raw + static_cast<float>(n_elem) > static_cast<float>(in.gather_src_free)) {
-        throw std::runtime_error(
-            where(in, prog) + ": in kernel '" + prog.name + "': nisa.local_gather index " +
-            std::to_string(raw) + " (partition " + std::to_string(q) + ", column " +
-            std::to_string(col) + ") reads elements past the " +
-            std::to_string(in.gather_src_free) + " of each source partition (" +
-            std::to_string(n_elem) + " per index); indices must be in [0, " +
-            std::to_string(in.gather_src_free - n_elem) + "]");
+        throw std::runtime_error(where(in, prog) + ": in kernel '" + prog.name + "': " + what +
+                                 " index " + std::to_string(raw) + " (partition " +
+                                 std::to_string(q) + ", column " + std::to_string(col) +
+                                 ") reads elements past the " + std::to_string(in.gather_src_free) +
+                                 " of each source partition (" + std::to_string(n_elem) +
+                                 " per index); indices must be in [0, " +
+                                 std::to_string(in.gather_src_free - n_elem) + "]");
       }
       const int64_t i = static_cast<int64_t>(raw);
       const int64_t from = src.offset + src.stride[0] * p + src.stride[2] * i;

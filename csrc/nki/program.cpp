@@ -161,14 +161,15 @@ void check_scan(const Reader& r, const Instr& in) {
 }
 
 // See Instr (kGather): every read it can make lies inside its slot (indices are checked when
-// read), in every partition a multiple of 16 with index columns enough for n_valid.
+// read); local_gather's: partitions a multiple of 16 with index columns enough for n_valid.
 void check_gather(const Reader& r, const Program& p, const Instr& in) {
   const Operand& src = in.src.size() == 2 ? in.src[0] : in.dst;
   const Operand& index = in.src.size() == 2 ? in.src[1] : in.dst;
   if (in.ndim != 3 || in.nreduce != 0 || in.accumulate || in.src.size() != 2 || !in.steps.empty() ||
       !in.preds.empty() || src.type != Operand::kView || index.type != Operand::kView ||
-      src.stride[1] != 0 || index.stride[2] != 0 || in.extent[0] % 16 != 0 ||
-      in.extent[1] > 16 * in.gather_index_cols || in.extent[2] > in.gather_src_free)
+      src.stride[1] != 0 || index.stride[2] != 0 || in.extent[2] > in.gather_src_free ||
+      (in.gather_own_row ? in.extent[1] > in.gather_index_cols
+                         : in.extent[0] % 16 != 0 || in.extent[1] > 16 * in.gather_index_cols))
     r.fail("malformed gather");
   Instr box = in;  // the source's partitions x all its elements; the index tile
   box.extent[1] = 1;
@@ -271,6 +272,7 @@ Instr read_instr(Reader& r, const Program& p) {
   } else if (in.kind == Kind::kGather) {
     in.gather_src_free = r.next_in(1, int64_t{1} << 40, "gather source size");
     in.gather_index_cols = r.next_in(1, int64_t{1} << 40, "gather index columns");
+    in.gather_own_row = r.next_in(0, 1, "gather index rows") == 1;
     check_gather(r, p, in);
   } else if (in.kind == Kind::kDynamicCopy) {
     constexpr int64_t kReach = int64_t{1} << 40;

@@ -118,7 +118,8 @@ struct Step {
 // partition p of core c = p / 16 and j < n_valid, i = index[16 c + j % 16, j / 16] (the core's
 // index block read column by column), dst[p, j, e] = source[p, i + e]. source strides: {partition,
 // 0, element}; index strides: {partition, column, 0}. gather_src_free (elements of a source
-// partition) and gather_index_cols (index columns) bound both reads.
+// partition) and gather_index_cols (index columns) bound both reads. gather_own_row
+// (nl.gather_flattened): each partition reads its own index row, i = index[p, j].
 // kDynamicCopy (nisa.tensor_copy_dynamic_src / _dst): an elementwise copy (no steps: src[0] into
 // dst, converted to dst's dtype) whose source (dyn_target 0) or destination (dyn_target 1) sits
 // at an offset read when the instruction runs: v = src[1], one element of an integer tile (all
@@ -152,6 +153,7 @@ struct Instr {
   int32_t line = -1;              // index into Program::lines
   int64_t gather_src_free = 0;    // kGather only
   int64_t gather_index_cols = 0;  // kGather only
+  bool gather_own_row = false;    // kGather only
   int32_t dyn_target = 0;         // kDynamicCopy only: 0 src[0] moves, 1 dst moves
   int64_t dyn_scale = 0;          // kDynamicCopy only
   int64_t dyn_min = 0, dyn_max = 0;

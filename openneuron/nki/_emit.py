@@ -457,10 +457,12 @@ def reduce_into(dst: NkiTensor, S, axes, expr: Expr, result, op: str, *, keepdim
                 accumulate=accumulate, nreduce=len(axes), reduce_op=op, post_scale=post_scale)
 
 
-def emit_gather(dst: NkiTensor, src: NkiTensor, index: NkiTensor, n_valid: int, n_elem: int):
+def emit_gather(dst: NkiTensor, src: NkiTensor, index: NkiTensor, n_valid: int, n_elem: int,
+                own_row: bool = False):
     """dst [P, n_valid, n_elem] <- nisa.local_gather of src [P, S] (unit free stride) by the
     run-time indices of index [P, K] (csrc/nki program.h, kGather; an index past S - n_elem
-    fails when the kernel runs, naming its line)."""
+    fails when the kernel runs, naming its line); own_row: each partition by its own index
+    row (nl.gather_flattened)."""
     t = _trace.current()
     if any(x.dyn is not None for x in (dst, src, index)):
         fail("nisa.local_gather: an operand is indexed by a run-time value; only "
@@ -479,5 +481,5 @@ def emit_gather(dst: NkiTensor, src: NkiTensor, index: NkiTensor, n_valid: int, 
     extent = [P, n_valid, n_elem]
     _touch_write(dst._buf, _covers(dop, extent, dst._buf.numel))
     instr = Instr(3, extent, dop, [sop, iop], line=t.line())
-    instr.extra = (S, K)
+    instr.extra = (S, K, int(own_row))
     return t.add(instr)

@@ -360,6 +360,32 @@ def copy(src, mask=None, dtype=None, buffer=None, **_):
     return out
 
 
+def gather_flattened(data, indices, axis=0, dtype=None, **_):
+    """out[p, j...] = data[p] (its free elements flattened)[indices[p, j...]]: each partition
+    takes elements of its own row by its own run-time indices (an index past the row fails when
+    the kernel runs, naming the line). The result has the indices' shape, data's dtype unless
+    dtype says otherwise."""
+    from openneuron.nki import isa
+    if not isinstance(data, NkiTensor) or not isinstance(indices, NkiTensor):
+        fail("nl.gather_flattened takes two tiles")
+    if axis != 0:
+        fail(f"nl.gather_flattened: axis {axis}; the partition axis (0) is the only one")
+    if data._buf.kind == "hbm" or indices._buf.kind == "hbm":
+        fail("nl.gather_flattened takes on-chip tiles; load HBM tensors first")
+    if indices._buf.dtype not in ("int32", "uint32", "int16", "uint16", "int8", "uint8"):
+        fail(f"nl.gather_flattened: indices dtype {indices._buf.dtype}; indices are integers")
+    src = isa._flat(data, "gather_flattened", "data")
+    index = isa._flat(indices, "gather_flattened", "indices")
+    p, k = index.shape
+    if src.shape[0] != p:
+        fail(f"nl.gather_flattened: data {list(data.shape)} and indices {list(indices.shape)} "
+             f"need the same partitions")
+    out = new_buffer((p, k), _trace.dtype_name(dtype) if dtype is not None else data._buf.dtype,
+                     "sbuf")
+    _emit.emit_gather(out.reshape((p, k, 1)), src, index, k, 1, own_row=True)
+    return out.reshape(indices.shape)
+
+
 def expand_dims(x, axis):
     """A view of x with a new axis of one position at `axis` (numpy's expand_dims)."""
     if not isinstance(x, NkiTensor):

@@ -215,7 +215,7 @@ TEST(NkiIsa, ScanWithForeignRegistersIsRejected) {
 
 // A gather of n_valid x n_elem from a [P, S] float32 source by a [P, K] uint16 index tile.
 Encoder gather_encoder(int64_t P, int64_t S, int64_t K, int64_t n_valid, int64_t n_elem,
-                       int64_t index_bytes) {
+                       int64_t index_bytes, bool own_row = false) {
   Encoder e({P * S * 4, index_bytes, P * n_valid * n_elem * 4, 64});
   e.w.insert(e.w.end(), {1, 1});
   e.header(3, {P, n_valid, n_elem}, 0, kAdd, false, 0);
@@ -225,8 +225,30 @@ Encoder gather_encoder(int64_t P, int64_t S, int64_t K, int64_t n_valid, int64_t
   e.operand(0, 1, 0, {K, 1, 0}, 0, DType::k_uint16);
   e.w.push_back(0);  // no steps
   e.w.push_back(0);  // no predicates
-  e.w.insert(e.w.end(), {S, K});
+  e.w.insert(e.w.end(), {S, K, own_row ? 1 : 0});
   return e;
+}
+
+// nl.gather_flattened: each partition by its own index row, any partition count.
+TEST(NkiIsa, GatherByOwnIndexRow) {
+  const int64_t P = 5, S = 9, K = 4;
+  auto p = gather_encoder(P, S, K, K, 1, P * K * 2, true).parse({"kernel.py:3"});
+  std::vector<float> src(P * S), out(P * K, -1.0f);
+  std::vector<uint16_t> index(P * K);
+  for (int i = 0; i < P * S; ++i) src[i] = static_cast<float>(i);
+  for (int i = 0; i < P * K; ++i) index[i] = static_cast<uint16_t>((i * 5) % S);
+  void* slots[] = {src.data(), index.data(), out.data(), nullptr};
+  program_run(*p, slots);
+  for (int64_t q = 0; q < P; ++q)
+    for (int64_t j = 0; j < K; ++j) EXPECT_EQ(out[q * K + j], src[q * S + index[q * K + j]]);
+  index[3 * K + 2] = static_cast<uint16_t>(S);  // past the row
+  try {
+    program_run(*p, slots);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& ex) {
+    EXPECT_NE(std::string(ex.what()).find("gather_flattened index 9"), std::string::npos)
+        << ex.what();
+  }
 }
 
 TEST(NkiIsa, GatherByRunTimeIndices) {

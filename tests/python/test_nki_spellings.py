@@ -292,3 +292,29 @@ def test_device_print_shows_values_at_that_point(capsys):
                          "loaded [program 1] [[ 6.  7.  8.] [ 9. 10. 11.]]",
                          "doubled [program 0] [[ 0.  2.  4.] [ 6.  8. 10.]]",
                          "doubled [program 1] [[12. 14. 16.] [18. 20. 22.]]"], lines
+
+
+def test_gather_flattened_takes_along_each_row():
+    """nl.gather_flattened: each partition's own indices into its flattened free elements
+    (numpy's take_along_axis), any integer index dtype, on numpy arrays and neuron tensors; an
+    index past the row is an error when the kernel runs, naming the line."""
+    import torch
+
+    @nki.jit
+    def k(d, i):
+        out = nl.ndarray(i.shape, dtype=d.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.gather_flattened(nl.load(d), nl.load(i)))  # GATHER
+        return out
+
+    d = rand(40, 4, 16)
+    flat = d.reshape(40, 64)
+    for dt in (np.uint32, np.int32, np.uint16):
+        idx = ((np.arange(40 * 12).reshape(40, 12) * 7) % 64).astype(dt)
+        want = np.take_along_axis(flat, idx.astype(np.int64), axis=1)
+        np.testing.assert_array_equal(k(d, idx), want)
+    dev = k(torch.from_numpy(d).to("neuron"), torch.from_numpy(idx.astype(np.int32)).to("neuron"))
+    np.testing.assert_array_equal(dev.cpu().numpy(), want)
+    bad = idx.astype(np.int32)
+    bad[7, 3] = 64
+    with pytest.raises(RuntimeError, match="test_nki_spellings.py:.*gather_flattened index 64"):
+        k(d, bad)
