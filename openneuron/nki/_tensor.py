@@ -328,8 +328,13 @@ def arange(start, stop=None, step=1) -> IndexExpr:
 
 
 class _Grid(tuple):
-    """nl.mgrid's index expressions; a 2-D grid also names them .p (partition) and .x (free), as
-    NKI's examples read them."""
+    """nl.mgrid's index expressions, also named .p (partition), .x, .y, .z (the free axes in
+    order), as NKI's examples read them."""
+
+    def _axis(self, i, name):
+        if i >= len(self):
+            fail(f"nl.mgrid(...).{name} names axis {i}; this grid has {len(self)} axes")
+        return self[i]
 
     @property
     def p(self):
@@ -337,10 +342,15 @@ class _Grid(tuple):
 
     @property
     def x(self):
-        if len(self) != 2:
-            fail(f"nl.mgrid(...).x names the free axis of a 2-D grid; this one has {len(self)} "
-                 f"axes: unpack it (i_p, i_a, i_b = nl.mgrid[...])")
-        return self[1]
+        return self._axis(1, "x")
+
+    @property
+    def y(self):
+        return self._axis(2, "y")
+
+    @property
+    def z(self):
+        return self._axis(3, "z")
 
 
 class _MGrid:
@@ -459,6 +469,16 @@ class NkiTensor:
     def broadcast_to(self, shape):
         from openneuron.nki import language as nl
         return nl.broadcast_to(self, shape)
+
+    def view(self, dtype):
+        """The same elements as another dtype: its own dtype (a no-op) only; a reinterpreting
+        view between dtypes is not supported here."""
+        from openneuron.nki import _trace
+        name = _trace.dtype_name(dtype)
+        if name != self._buf.dtype:
+            fail(f"{self!r}.view({name}): reinterpreting {self._buf.dtype} elements as {name} "
+                 f"is not supported; pass the data in {name}")
+        return self
 
     def ap(self, pattern, offset=0, vector_offset=None, indirect_dim=0, scalar_offset=None,
            **_):
@@ -658,14 +678,19 @@ def _index_affine(t: NkiTensor, key) -> NkiTensor:
     order (unit axes dropped as below)."""
     exprs = [k for k in key if isinstance(k, IndexExpr)]
     grid = _broadcast_shapes(*[e.shape for e in exprs])
-    # The grid's axes, less unit axes from the left while more than two remain: tiles keep
-    # NKI's [P, F] form (t[i_p, 0] with i_p = nl.arange(64)[:, None] is [64, 1], as is a
-    # 1-D tensor's idx[i_p]), and the published RMSNorm's 3-D nl.mgrid[0:128, 0:1, 0:n]
-    # gives [128, n].
-    kept = list(range(len(grid)))
+    # The grid axes some index of this subscript moves along, a single position included
+    # (nl.arange(1)[None, :]; mgrid[0:128, 0:2, 0:1] read as t[g.p, g.x, g.y] is [128, 2, 1]);
+    # an axis none moves along is dropped, as NKI does (with ix, iw, iy = nl.mgrid[0:128, 0:1,
+    # 0:n], t[ix, iy] is [128, n] and g[iw, iy] is [1, n]), except that a view keeps the
+    # [P, F] form of a tile: idx[nl.arange(64)[:, None]] of a 1-D tensor is [64, 1], as is
+    # t[i_p, 0].
+    own = [[0] * (len(grid) - len(e.shape)) + list(e.coefs) for e in exprs]
+    kept = [j for j in range(len(grid)) if any(c[j] for c in own)]
     for j in range(len(grid)):
-        if len(kept) > 2 and grid[j] == 1:
-            kept.remove(j)
+        if len(kept) >= 2:
+            break
+        if j not in kept:
+            kept = sorted(kept + [j])
     shape = [grid[j] for j in kept]
     offset = t.offset
     strides = [0] * len(shape)

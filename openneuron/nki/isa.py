@@ -172,16 +172,32 @@ def _float_dtype(x, dtype):
 
 @_generations(2)
 def nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
-              is_transpose=False, mask=None, accumulate=None, dst=None, **_):
+              is_transpose=False, mask=None, accumulate=None, perf_mode=None, dst=None, **_):
     """stationary[K, M]^T @ moving[K, N] -> PSUM [M, N] float32. With dst (0.x), accumulate=None
     accumulates onto a matmul result the destination holds that nothing has read yet (a K loop
-    into one PSUM tile), True always, False never."""
-    _emit.check_matmul(stationary, moving)
-    out = _out(dst, (stationary.shape[1], moving.shape[1]), "float32", "psum")
+    into one PSUM tile), True always, False never. perf_mode double_row (float8 operands
+    [K, 2, M] and [K, 2, N]: two rows of K per partition) sums over both."""
+    mode = str(getattr(perf_mode, "value", perf_mode) or "none")
+    rows = [(stationary, moving)]
+    if mode.startswith("double_row"):
+        if stationary.ndim != 3 or moving.ndim != 3 or stationary.shape[1] != 2 or \
+                moving.shape[1] != 2:
+            fail(f"nc_matmul perf_mode={mode}: operands are [K, 2, M] and [K, 2, N], got "
+                 f"{list(stationary.shape)} and {list(moving.shape)}")
+        if not all(t._buf.dtype.startswith("float8") for t in (stationary, moving)):
+            fail(f"nc_matmul perf_mode={mode} packs float8 pairs; operands are "
+                 f"{stationary._buf.dtype} and {moving._buf.dtype}")
+        rows = [(stationary[:, r, :], moving[:, r, :]) for r in range(2)]
+    elif mode != "none":
+        fail(f"nc_matmul: unknown perf_mode {mode!r} (none, double_row)")
+    for s, m in rows:
+        _emit.check_matmul(s, m)
+    out = _out(dst, (rows[0][0].shape[1], rows[0][1].shape[1]), "float32", "psum")
     acc = accumulate
     if acc is None:
         acc = dst is not None and getattr(out._buf, "mm_open", False)
-    _emit.emit_matmul(out, stationary, moving, accumulate=bool(acc))
+    for r, (s, m) in enumerate(rows):
+        _emit.emit_matmul(out, s, m, accumulate=bool(acc) or r > 0)
     out._buf.mm_open = True
     return out
 

@@ -318,3 +318,27 @@ def test_gather_flattened_takes_along_each_row():
     bad[7, 3] = 64
     with pytest.raises(RuntimeError, match="test_nki_spellings.py:.*gather_flattened index 64"):
         k(d, bad)
+
+
+def test_double_row_matmul_and_3d_mgrid_names():
+    """nisa.nc_matmul(perf_mode="double_row"...) on float8 [K, 2, M] x [K, 2, N] sums both rows
+    (einsum "kli,klj->ij"); a 3-D nl.mgrid names its axes .p, .x, .y; .view to the tensor's
+    own dtype is the tensor."""
+    import torch
+
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray((a.shape[2], b.shape[2]), dtype=nl.float32, buffer=nl.shared_hbm)
+        g = nl.mgrid[0:a.shape[0], 0:2, 0:a.shape[2]]
+        t = nl.ndarray((a.shape[0], 2, 16), dtype=nl.float8_e5m2, buffer=nl.sbuf)
+        t[g.p, g.x, g.y] = nl.load(a.view(nl.float8_e5m2))
+        c = nisa.nc_matmul(t[g.p, g.x, g.y], nl.load(b), perf_mode=nisa.matmul_perf_mode.double_row)
+        nl.store(out, nl.copy(c))
+        return out
+
+    g = torch.Generator().manual_seed(3)
+    a = (torch.randn(128, 2, 8, generator=g) * 2).to(torch.float8_e5m2)
+    b = (torch.randn(128, 2, 64, generator=g) * 2).to(torch.float8_e5m2)
+    want = torch.einsum("kli,klj->ij", a.double(), b.double())
+    bound = 256 * 2.0**-24 * torch.einsum("kli,klj->ij", a.double().abs(), b.double().abs())
+    assert ((k(a, b).double() - want).abs() <= bound).all()
