@@ -298,6 +298,7 @@ OPENNEURON_INLINE float reduce_identity(Op op) {
     case Op::k_maximum:
       return -INFINITY;
     case Op::k_minimum:
+    case Op::k_abs_min:
       return INFINITY;
     case Op::k_multiply:
       return 1.0f;
@@ -314,7 +315,11 @@ OPENNEURON_INLINE float combine(Op op, float acc, float v) {
       return v < acc ? v : acc;
     case Op::k_multiply:
       return acc * v;
-    default:
+    case Op::k_abs_max:  // the signed value of the larger magnitude, the earlier on a tie
+      return std::fabs(v) > std::fabs(acc) ? v : acc;
+    case Op::k_abs_min:
+      return std::fabs(v) < std::fabs(acc) ? v : acc;
+    default:  // add (the parser admits only these reductions)
       return acc + v;
   }
 }

@@ -236,6 +236,10 @@ Instr read_instr(Reader& r, const Program& p) {
   in.nreduce = static_cast<int>(r.next_in(0, in.ndim, "reduced axes"));
   const int64_t n_ops = static_cast<int64_t>(Op::kCount) - 1;
   in.reduce_op = static_cast<Op>(r.next_in(0, n_ops, "reduce op"));
+  if (in.nreduce > 0 && in.reduce_op != Op::k_add && in.reduce_op != Op::k_multiply &&
+      in.reduce_op != Op::k_maximum && in.reduce_op != Op::k_minimum &&
+      in.reduce_op != Op::k_abs_max && in.reduce_op != Op::k_abs_min)
+    r.fail("reduce op is not a reduction");
   in.accumulate = r.next_in(0, 1, "accumulate flag") != 0;
   in.acc_op = static_cast<Op>(r.next_in(0, n_ops, "accumulate op"));
   in.post_scale = r.next_float();

@@ -443,9 +443,15 @@ def accumulate_into(dst: NkiTensor, value, op: str, mask=None):
     emit(dst, dst.shape, e, e.src(value), mask=mask, accumulate=op)
 
 
+# the reductions the executor combines (csrc/nki execute.cpp combine; the parser admits these)
+REDUCTIONS = ("add", "multiply", "maximum", "minimum", "abs_max", "abs_min")
+
+
 def reduce_into(dst: NkiTensor, S, axes, expr: Expr, result, op: str, *, keepdims, mask=None,
                 post_scale=1.0, accumulate=None):
     """dst <- op over `axes` of expr (evaluated over shape S)."""
+    if op not in REDUCTIONS:
+        fail(f"{op} is not a reduction the engines compute (one of {', '.join(REDUCTIONS)})")
     axes = sorted(a % len(S) for a in axes)
     kept = [d for d in range(len(S)) if d not in axes]
     space = kept + axes

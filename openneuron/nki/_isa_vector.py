@@ -76,7 +76,8 @@ def _same_rows(name, what, x, p, f):
 
 # --- the engines' accumulator registers ---------------------------------------------------------
 
-_IDENTITY = {"add": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}
+_IDENTITY = {"add": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf,
+             "abs_max": 0.0, "abs_min": np.inf}
 
 
 def accumulate(name, S, expr, result, op, cmd, mask=None, init=None, regs="vector_acc"):

@@ -342,3 +342,71 @@ def test_double_row_matmul_and_3d_mgrid_names():
     want = torch.einsum("kli,klj->ij", a.double(), b.double())
     bound = 256 * 2.0**-24 * torch.einsum("kli,klj->ij", a.double().abs(), b.double().abs())
     assert ((k(a, b).double() - want).abs() <= bound).all()
+
+
+def test_activate2_two_scalar_steps_then_activation_and_reduce():
+    """nisa.activate2: op((data op0 imm0) op1 imm1) with nl.bypass / reverse, [P, 1] or
+    scalar immediates; reduce_regs by add / max / abs_max (reset to the op's identity)."""
+    @nki.jit
+    def k(a, bias):
+        x = nl.load(a)
+        b = nl.load(bias)
+        outs = [nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm) for _ in range(3)]
+        red = nl.ndarray((a.shape[0], 3), dtype=nl.float32, buffer=nl.shared_hbm)
+        r = nl.ndarray((a.shape[0], 3), dtype=nl.float32, buffer=nl.sbuf)
+        res = [nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf) for _ in range(3)]
+        nisa.activate2(dst=res[0], op=nl.gelu, data=x, imm0=2.0, imm1=b, op0=nl.multiply,
+                       op1=nl.add, reduce_op=nl.add, reduce_res=r[:, 0:1],
+                       reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activate2(dst=res[1], op=nl.exp, data=x, imm0=1.0, imm1=0.0, op0=nl.subtract,
+                       op1=nl.bypass, reverse0=True, reduce_op=nl.maximum, reduce_res=r[:, 1:2],
+                       reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activate2(dst=res[2], op=nl.copy, data=x, imm0=0.0, imm1=0.0, op0=nl.bypass,
+                       op1=nl.bypass, reduce_op=nl.abs_max, reduce_res=r[:, 2:3],
+                       reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        for o, t in zip(outs, res):
+            nl.store(o, t)
+        nl.store(red, r)
+        return (*outs, red)
+
+    import math
+    a, bias = rand(32, 48), rand(32, 1)
+    gelu, ex, same, red = k(a, bias)
+    z = 2 * a + bias
+    want_gelu = 0.5 * z * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
+    np.testing.assert_allclose(gelu, want_gelu, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(ex, np.exp(1 - a), rtol=2e-6)
+    np.testing.assert_array_equal(same, a)
+    np.testing.assert_allclose(red[:, 0], want_gelu.sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(red[:, 1], np.exp(1 - a).max(axis=1), rtol=2e-6)
+    np.testing.assert_array_equal(red[:, 2], a[np.arange(32), np.abs(a).argmax(axis=1)])
+
+
+def test_nc_n_gather_dma_compute_and_reductions_the_engines_have():
+    """nisa.nc_n_gather (uint32 indices, per partition), nisa.dma_compute (a sum of sources,
+    HBM or SBUF), and a reduction op the engines lack is an error, never a silent sum."""
+    @nki.jit
+    def k(d, i, a, b):
+        g = nl.ndarray(i.shape, dtype=d.dtype, buffer=nl.sbuf)
+        nisa.nc_n_gather(dst=g, data=nl.load(d), indices=nl.load(i))
+        out_g = nl.ndarray(i.shape, dtype=d.dtype, buffer=nl.shared_hbm)
+        nl.store(out_g, g)
+        out_s = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_compute(dst=out_s, srcs=[a, nl.load(b), a], reduce_op=nl.add)
+        return out_g, out_s
+
+    d = rand(16, 32)
+    idx = ((np.arange(16 * 5).reshape(16, 5) * 3) % 32).astype(np.uint32)
+    a, b = rand(16, 8), rand(16, 8)
+    g, s = k(d, idx, a, b)
+    np.testing.assert_array_equal(g, np.take_along_axis(d, idx.astype(np.int64), axis=1))
+    np.testing.assert_allclose(s, 2 * a + b, rtol=1e-6)
+
+    @nki.jit
+    def bad(a):
+        out = nl.ndarray((a.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nisa.tensor_reduce(np.subtract, nl.load(a), axis=1, keepdims=True))
+        return out
+
+    with pytest.raises(nki.NkiError, match="subtract is not a reduction"):
+        bad(a)
