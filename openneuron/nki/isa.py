@@ -891,6 +891,9 @@ from openneuron.nki._isa_dynamic import (  # noqa: F401
     tensor_copy_dynamic_src,
 )
 from openneuron.nki._isa_move import dma_transpose, nc_stream_shuffle  # noqa: F401
+from openneuron.nki._isa_scan import (  # noqa: F401
+    tensor_scalar_cumulative,
+)
 from openneuron.nki._isa_vector import (  # noqa: F401
     nc_match_replace8,
     range_select,

@@ -1,0 +1,111 @@
+"""nisa instructions that run along a partition's free axis and feed the Vector Engine's
+accumulators: tensor_scalar_cumulative (a running reduction, the executor's scan). Each is a
+few executor instructions when traced; no Python runs per element. The accumulator model
+(reduce_cmd) is _isa_vector.py's; isa.py re-exports these."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from openneuron.nki import _emit, _trace
+from openneuron.nki._emit import Expr, emit, new_buffer
+from openneuron.nki._isa_vector import (
+    _per_partition,
+    _same_rows,
+    _tile,
+    parse_call,
+)
+from openneuron.nki._tensor import NkiTensor
+from openneuron.nki._trace import fail
+from openneuron.nki.isa import _flat, _is_operator, _op_name, _out, reduce_cmd
+
+# The accumulator a reset gives each reduction (NKI's pseudocode: subtract starts at 0 too).
+_RESET = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}
+_NO_INT32 = ("int32", "uint32")
+
+
+def _float32_tile(name, what, x):
+    if isinstance(x, NkiTensor) and x._buf.dtype != "float32":
+        fail(f"nisa.{name}: {what} dtype {x._buf.dtype}; it must be float32")
+    return x
+
+
+def _vector_acc(p):
+    """Partitions 0..p-1 of the Vector Engine's accumulators (created on first use)."""
+    t = _trace.current()
+    if getattr(t, "vector_acc", None) is None:
+        t.vector_acc = new_buffer((_trace.PMAX, 1), "float32", "sbuf")
+    return t.vector_acc[0:p, :]
+
+
+def _beta1_positional(args):
+    """Beta 1 passes src first and the operators next; 0.x puts dst before src."""
+    return len(args) >= 2 and _is_operator(args[1])
+
+
+# --- tensor_scalar_cumulative ------------------------------------------------------------------
+
+def tensor_scalar_cumulative(*args, **kwargs):
+    """Per partition, along the flattened free axis: reg = op1(op0(src[i], imm0), reg) (op0's
+    operands swapped by reverse0), dst[i] = reg, reg a float32 Vector Engine accumulator that
+    reduce_cmd starts: reset_reduce (op1's identity; 0 for subtract), load_reduce (imm1) or
+    reduce (where the last accumulating instruction left it). imm0 / imm1: a number or a
+    float32 [P, 1] tile. 0.x: tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None,
+    reduce_cmd=reset_reduce); Beta 1 (no dst) returns the result (src's dtype or dtype=).
+    Runs as the executor's scan."""
+    name = "tensor_scalar_cumulative"
+    if _beta1_positional(args):
+        args = (None, *args)
+    dst, v = parse_call(
+        name, args, kwargs, ("src", "op0", "op1", "imm0", "imm1", "reduce_cmd", "reverse0"),
+        {"imm1": None, "reduce_cmd": reduce_cmd.reset_reduce, "reverse0": False, "dtype": None},
+        keyword_only=("dtype",))
+    src = _tile(name, "src", v["src"])
+    x = _flat(src, name, "src")
+    p, f = x.shape
+    op0 = _op_name(v["op0"])
+    if _trace.ARITY[op0] != 2 or op0.startswith("bitwise_") or op0 in ("left_shift",
+                                                                       "right_shift"):
+        fail(f"nisa.{name}: op0 {op0}; it must be a binary arithmetic operator")
+    op1 = _op_name(v["op1"], 2)
+    if op1 not in _RESET:
+        fail(f"nisa.{name}: op1 {op1}; it must be nl.add, nl.subtract, nl.multiply, nl.maximum "
+             f"or nl.minimum")
+    cmd = reduce_cmd(int(v["reduce_cmd"]))
+    if cmd not in (reduce_cmd.reset_reduce, reduce_cmd.reduce, reduce_cmd.load_reduce):
+        fail(f"nisa.{name}: reduce_cmd {cmd.name}; it must be reset_reduce, reduce or load_reduce")
+    if v["dtype"] is not None and dst is not None:
+        fail(f"nisa.{name}: dtype is the Beta 1 result's dtype; with dst the result takes dst's")
+    out = _out(dst, src.shape, v["dtype"] or src.dtype)
+    out2 = _same_rows(name, "dst", _tile(name, "dst", out), p, f)
+    for what, t in (("src", src), ("dst", out)):
+        if t._buf.dtype in _NO_INT32:
+            fail(f"nisa.{name}: {what} dtype {t._buf.dtype} is not supported (the Vector Engine "
+                 f"does not take int32 / uint32 here); use float32 or a narrower integer")
+    imm0 = _per_partition(name, "imm0", _float32_tile(name, "imm0", v["imm0"]), p)
+    if cmd == reduce_cmd.load_reduce:
+        if v["imm1"] is None:
+            fail(f"nisa.{name}: reduce_cmd=load_reduce loads the accumulator from imm1; pass it")
+        initial = _per_partition(name, "imm1", _float32_tile(name, "imm1", v["imm1"]), p)
+    elif cmd == reduce_cmd.reduce:
+        if getattr(_trace.current(), "vector_acc", None) is None:
+            fail(f"nisa.{name}: reduce_cmd=reduce continues an accumulation that no instruction "
+                 f"of this kernel started; use reduce_cmd.reset_reduce first")
+        initial = _vector_acc(p)
+    else:
+        initial = _RESET[op1]
+    # op0 as its own instruction (float32), then the scan reg = op1(value, reg); the scan keeps
+    # its carry as stored, so it writes float32 and dst takes a converting copy.
+    e = Expr()
+    xr, y = e.src(x), e.src(imm0)
+    value = new_buffer((p, f), "float32", "sbuf")
+    emit(value, (p, f), e, e.op(op0, *((y, xr) if v["reverse0"] else (xr, y))))
+    run = out2 if out2._buf.dtype == "float32" else new_buffer((p, f), "float32", "sbuf")
+    e = Expr()
+    d0, zero, carry = e.src(value), e.src(0.0), e.src(initial)
+    emit(run, (p, f), e, e.op("add", e.op(op1, d0, carry), zero), kind=2)
+    if run is not out2:
+        _emit.copy_into(out2, run)
+    if f:
+        _emit.copy_into(_vector_acc(p), run[:, f - 1:f])
+    return out if dst is None else None

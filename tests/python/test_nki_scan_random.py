@@ -1,0 +1,122 @@
+# openneuron.nki's running reductions and random numbers against numpy references written from
+# NKI's documentation: nisa.tensor_scalar_cumulative (reduce_cmd on the Vector Engine's shared
+# accumulators); on numpy arrays and neuron tensors, in the generations it exists in.
+import numpy as np
+import pytest
+import torch
+
+import openneuron.nki.isa as nisa
+import openneuron.nki.language as nl
+from openneuron import nki
+
+RNG = np.random.default_rng(3)
+
+
+def rand(*shape, lo=-2.0, hi=2.0):
+    return RNG.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+def cumulative_ref(x, op0, op1, imm0, reg, reverse0=False):
+    """NKI's pseudocode, in float32: reg = op1(op0(x[i], imm0), reg); out[i] = reg."""
+    x = x.reshape(x.shape[0], -1).astype(np.float32)
+    reg = np.broadcast_to(np.float32(reg), (x.shape[0], 1)).astype(np.float32).copy()
+    imm0 = np.broadcast_to(np.float32(imm0), (x.shape[0], 1)).astype(np.float32)
+    out = np.empty_like(x)
+    for i in range(x.shape[1]):
+        v = op0(imm0, x[:, i:i + 1]) if reverse0 else op0(x[:, i:i + 1], imm0)
+        reg = op1(v, reg).astype(np.float32)
+        out[:, i:i + 1] = reg
+    return out
+
+
+def cumulative_kernel(shape, op0, op1, imm0, imm1=None, cmd=nisa.reduce_cmd.reset_reduce,
+                      dtype=nl.float32, chain=False, reverse0=False, vector=False):
+    @nki.jit
+    def k(src, *vecs):
+        x = nl.load(src)
+        a0 = nl.load(vecs[0]) if vector else imm0
+        a1 = (nl.load(vecs[1]) if vector else imm1) if imm1 is not None else None
+        d = nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+        assert nisa.tensor_scalar_cumulative(d, x, op0, op1, a0, a1, reduce_cmd=cmd,
+                                             reverse0=reverse0) is None
+        if chain:
+            nisa.tensor_scalar_cumulative(dst=d, src=x, op0=op0, op1=op1, imm0=a0,
+                                          reduce_cmd=nisa.reduce_cmd.reduce)
+        out = nl.ndarray(shape, dtype=dtype, buffer=nl.shared_hbm)
+        nl.store(out, d)
+        return out
+    return k
+
+
+OPS = [(np.add, nl.add), (np.subtract, nl.subtract), (np.multiply, nl.multiply),
+       (np.maximum, nl.maximum), (np.minimum, nl.minimum)]
+
+
+@pytest.mark.parametrize("ref1,op1", OPS)
+def test_tensor_scalar_cumulative_ops(ref1, op1):
+    lo, hi = (0.9, 1.1) if ref1 is np.multiply else (-2.0, 2.0)
+    x = rand(128, 40, lo=lo, hi=hi)
+    got = cumulative_kernel((128, 40), nl.multiply, op1, 1.25)(x)
+    reset = {np.add: 0.0, np.subtract: 0.0, np.multiply: 1.0, np.maximum: -np.inf,
+             np.minimum: np.inf}[ref1]
+    np.testing.assert_allclose(got, cumulative_ref(x, np.multiply, ref1, 1.25, reset),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_scalar_cumulative_vectors_load_reduce_and_reverse():
+    x, col, init = rand(64, 3, 8), rand(64, 1), rand(64, 1)
+    k = cumulative_kernel((64, 3, 8), nl.subtract, nl.add, None, imm1=0.0,
+                          cmd=nisa.reduce_cmd.load_reduce, reverse0=True, vector=True)
+    got = k(x, col, init)
+    want = cumulative_ref(x, np.subtract, np.add, col, init, reverse0=True).reshape(64, 3, 8)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # scalars: load_reduce from imm1, then a second call continuing the accumulator
+    y = rand(128, 16)
+    got = cumulative_kernel((128, 16), nl.add, nl.add, 0.5, imm1=2.0,
+                            cmd=nisa.reduce_cmd.load_reduce, chain=True)(y)
+    first = cumulative_ref(y, np.add, np.add, 0.5, 2.0)
+    want = cumulative_ref(y, np.add, np.add, 0.5, first[:, -1:])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_scalar_cumulative_dtypes_and_neuron_tensors():
+    x = rand(128, 32)
+    k = cumulative_kernel((128, 32), nl.add, nl.add, 0.0, dtype=nl.bfloat16)
+    got = k(x)
+    want = torch.from_numpy(cumulative_ref(x, np.add, np.add, 0.0, 0.0)).to(torch.bfloat16)
+    # the accumulator is float32; only the stored values round
+    torch.testing.assert_close(torch.from_numpy(np.asarray(got, np.float32)).to(torch.bfloat16),
+                               want, rtol=0, atol=0)
+    k = cumulative_kernel((128, 32), nl.multiply, nl.maximum, 2.0)
+    got = k(torch.from_numpy(x).to("neuron"))
+    assert got.device.type == "neuron"
+    np.testing.assert_allclose(got.cpu().numpy(), np.maximum.accumulate(x * 2, axis=1),
+                               rtol=1e-6)
+
+
+def test_tensor_scalar_cumulative_beta1_returns_the_result():
+    x = rand(32, 16)
+
+    @nki.jit
+    def k(src):
+        r = nisa.tensor_scalar_cumulative(nl.load(src), nl.add, nl.add, 1.0)
+        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+        nl.store(out, r)
+        return out
+
+    np.testing.assert_allclose(k(x), np.cumsum(x + 1, axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_tensor_scalar_cumulative_errors():
+    x = rand(128, 8)
+    with pytest.raises(nki.NkiError, match="op1 divide") as e:
+        cumulative_kernel((128, 8), nl.add, nl.divide, 0.0)(x)
+    assert "test_nki_scan_random.py:" in str(e.value)
+    with pytest.raises(nki.NkiError, match="dst dtype int32 is not supported"):
+        cumulative_kernel((128, 8), nl.add, nl.add, 0.0, dtype=nl.int32)(x)
+    with pytest.raises(nki.NkiError, match="needs|pass it"):
+        cumulative_kernel((128, 8), nl.add, nl.add, 0.0, cmd=nisa.reduce_cmd.load_reduce)(x)
+    with pytest.raises(nki.NkiError, match="no instruction of this kernel started"):
+        cumulative_kernel((128, 8), nl.add, nl.add, 0.0, cmd=nisa.reduce_cmd.reduce)(x)
+    with pytest.raises(nki.NkiError, match=r"imm0 \[128, 2\] must be a number or one value"):
+        cumulative_kernel((128, 8), nl.add, nl.add, None, vector=True)(x, rand(128, 2))
