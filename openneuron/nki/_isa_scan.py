@@ -1,5 +1,6 @@
-"""nisa instructions that run along a partition's free axis and feed the Vector Engine's
-accumulators: tensor_scalar_cumulative (a running reduction, the executor's scan). Each is a
+"""nisa instructions that run along a partition's free axis: tensor_scalar_cumulative (a
+running reduction, the executor's scan, its accumulator the Vector Engine's) and
+sequence_bounds (segment starts by a forward scan, ends by one over reversed views). Each is a
 few executor instructions when traced; no Python runs per element. The accumulator model
 (reduce_cmd) is _isa_vector.py's; isa.py re-exports these."""
 
@@ -15,7 +16,7 @@ from openneuron.nki._isa_vector import (
     _tile,
     parse_call,
 )
-from openneuron.nki._tensor import NkiTensor
+from openneuron.nki._tensor import IndexExpr, NkiTensor
 from openneuron.nki._trace import fail
 from openneuron.nki.isa import _flat, _is_operator, _op_name, _out, reduce_cmd
 
@@ -108,4 +109,80 @@ def tensor_scalar_cumulative(*args, **kwargs):
         _emit.copy_into(out2, run)
     if f:
         _emit.copy_into(_vector_acc(p), run[:, f - 1:f])
+    return out if dst is None else None
+
+
+# --- sequence_bounds ---------------------------------------------------------------------------
+
+def _equal_neighbours(seq, n, step):
+    """float32 [1, n]: 1 where seq[i] == seq[i + step] (step -1: the element before, +1: after),
+    0 at the end that has no such neighbour."""
+    eq = new_buffer((1, n), "float32", "sbuf")
+    edge = 0 if step < 0 else n - 1
+    _emit.copy_into(eq[:, edge:edge + 1], 0.0)
+    if n > 1:
+        a, b = (seq[:, 1:n], seq[:, 0:n - 1]) if step < 0 else (seq[:, 0:n - 1], seq[:, 1:n])
+        e = Expr()
+        emit(eq[:, 1:n] if step < 0 else eq[:, 0:n - 1], (1, n - 1), e,
+             e.op("equal", e.src(a), e.src(b)))
+    return eq
+
+
+def _reversed(t: NkiTensor, n):
+    return NkiTensor(t._buf, t.offset + t.strides[1] * (n - 1), (1, n),
+                     (t.strides[0], -t.strides[1]))
+
+
+def _run_bound(seq, n, step):
+    """float32 [1, n]: where each element's run of equal ids starts (step -1: the first index)
+    or ends (step +1: one past the last), by a scan from that end: b[i] = same * b[i -+ 1] +
+    (1 - same) * own, own = i or i + 1."""
+    same = _equal_neighbours(seq, n, step)
+    own = new_buffer((1, n), "float32", "sbuf")
+    e = Expr()
+    at = e.src(IndexExpr((1, n), 0 if step < 0 else 1, (0, 1)))
+    emit(own, (1, n), e, e.op("select", e.src(same), e.src(0.0), at))
+    bound = new_buffer((1, n), "float32", "sbuf")
+    views = (same, own, bound) if step < 0 else tuple(_reversed(t, n) for t in
+                                                      (same, own, bound))
+    e = Expr()
+    d0, d1, carry = e.src(views[0]), e.src(views[1]), e.src(0.0)
+    emit(views[2], (1, n), e, e.op("add", e.op("multiply", d0, carry), d1), kind=2)
+    return bound
+
+
+def sequence_bounds(*args, **kwargs):
+    """For segment ids [1, n] (float32 or int32; 0 is padding), [1, 2, n]: the start (first
+    index) and end (one past the last index) of the run of equal ids each element is in;
+    padding gets start n and end -1. 0.x: sequence_bounds(dst, segment_ids); Beta 1:
+    sequence_bounds(segment_ids=) returns the bounds in segment_ids' dtype."""
+    name = "sequence_bounds"
+    dst, v = parse_call(name, args, kwargs, ("segment_ids",), {"dtype": None},
+                        keyword_only=("dtype",))
+    ids = _tile(name, "segment_ids", v["segment_ids"])
+    if ids.shape[0] != 1:
+        fail(f"nisa.{name}: segment_ids {list(ids.shape)} must have partition dimension 1")
+    if ids._buf.dtype not in ("float32", "int32"):
+        fail(f"nisa.{name}: segment_ids dtype {ids._buf.dtype}; it must be float32 or int32")
+    seq = _flat(ids, name, "segment_ids")
+    n = seq.shape[1]
+    if n > (1 << 24):
+        fail(f"nisa.{name}: {n} segment ids; at most 2^24 (indices are exact in float32)")
+    if v["dtype"] is not None and dst is not None:
+        fail(f"nisa.{name}: dtype is the Beta 1 result's dtype; with dst the result takes dst's")
+    out = _out(dst, (1, 2, n), v["dtype"] or ids.dtype)
+    out = _tile(name, "dst", out)
+    if out._buf.dtype not in ("float32", "int32"):
+        fail(f"nisa.{name}: dst dtype {out._buf.dtype}; it must be float32 or int32")
+    if out.shape[0] != 1 or out.size != 2 * n:
+        fail(f"nisa.{name}: dst {list(out.shape)} must be [1, 2, {n}] for segment_ids "
+             f"{list(ids.shape)}")
+    res = out.reshape((1, 2, n)) if out.ndim != 3 else out
+    if n == 0:
+        return out if dst is None else None
+    for k, (step, pad) in enumerate(((-1, float(n)), (1, -1.0))):
+        bound = _run_bound(seq, n, step)
+        e = Expr()
+        padding = e.op("equal", e.src(seq), e.src(0.0))
+        emit(res[:, k, :], (1, n), e, e.op("select", padding, e.src(pad), e.src(bound)))
     return out if dst is None else None

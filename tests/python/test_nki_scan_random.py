@@ -1,6 +1,7 @@
 # openneuron.nki's running reductions and random numbers against numpy references written from
 # NKI's documentation: nisa.tensor_scalar_cumulative (reduce_cmd on the Vector Engine's shared
-# accumulators); on numpy arrays and neuron tensors, in the generations it exists in.
+# accumulators) and nisa.sequence_bounds; on numpy arrays and neuron tensors, in the
+# generations each exists in.
 import numpy as np
 import pytest
 import torch
@@ -120,3 +121,64 @@ def test_tensor_scalar_cumulative_errors():
         cumulative_kernel((128, 8), nl.add, nl.add, 0.0, cmd=nisa.reduce_cmd.reduce)(x)
     with pytest.raises(nki.NkiError, match=r"imm0 \[128, 2\] must be a number or one value"):
         cumulative_kernel((128, 8), nl.add, nl.add, None, vector=True)(x, rand(128, 2))
+
+
+# --- sequence_bounds -----------------------------------------------------------------------------
+
+def bounds_ref(seq):
+    """The documentation's numpy reference (runs of equal ids; 0 is padding)."""
+    n = len(seq)
+    lo, hi = np.zeros(n), np.zeros(n)
+    lo[0] = 0 if seq[0] != 0 else n
+    for i in range(1, n):
+        lo[i] = n if seq[i] == 0 else (lo[i - 1] if seq[i] == seq[i - 1] else i)
+    hi[-1] = n if seq[-1] != 0 else -1
+    for i in range(n - 2, -1, -1):
+        hi[i] = -1 if seq[i] == 0 else (hi[i + 1] if seq[i] == seq[i + 1] else i + 1)
+    return np.stack([lo, hi])[None]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_sequence_bounds(dtype):
+    seqs = [np.array([0, 1, 1, 2, 2, 2, 0, 3, 3]), np.array([5]), np.array([0]),
+            np.array([4, 4, 0, 0, 4, 7, 7, 7, 1, 0]),
+            np.sort(np.random.default_rng(0).integers(0, 40, 300))]
+
+    @nki.jit
+    def beta1(ids):
+        r = nisa.sequence_bounds(segment_ids=nl.load(ids))
+        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+        nl.store(out, r)
+        return out
+
+    @nki.jit
+    def dst_first(ids):
+        d = nl.ndarray((1, 2, ids.shape[1]), dtype=ids.dtype, buffer=nl.sbuf)
+        nisa.sequence_bounds(d, nl.load(ids))
+        out = nl.ndarray(d.shape, dtype=d.dtype, buffer=nl.shared_hbm)
+        nl.store(out, d)
+        return out
+
+    for s in seqs:
+        ids = s.astype(dtype)[None]
+        for k in (beta1, dst_first):
+            got = k(ids)
+            assert got.dtype == dtype and got.shape == (1, 2, len(s))
+            np.testing.assert_array_equal(got, bounds_ref(s))
+    got = beta1(torch.from_numpy(seqs[0].astype(dtype)[None]).to("neuron"))
+    np.testing.assert_array_equal(got.cpu().numpy(), bounds_ref(seqs[0]))
+
+
+def test_sequence_bounds_errors():
+    @nki.jit
+    def k(ids):
+        r = nisa.sequence_bounds(segment_ids=nl.load(ids))
+        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+        nl.store(out, r)
+        return out
+
+    with pytest.raises(nki.NkiError, match="partition dimension 1") as e:
+        k(np.ones((2, 8), np.float32))
+    assert "test_nki_scan_random.py:" in str(e.value)
+    with pytest.raises(nki.NkiError, match="must be float32 or int32"):
+        k(np.ones((1, 8), np.int16))
