@@ -1,8 +1,8 @@
-"""nisa instructions that run along a partition's free axis: tensor_scalar_cumulative (a
-running reduction, the executor's scan, its accumulator the Vector Engine's) and
-sequence_bounds (segment starts by a forward scan, ends by one over reversed views). Each is a
-few executor instructions when traced; no Python runs per element. The accumulator model
-(reduce_cmd) is _isa_vector.py's; isa.py re-exports these."""
+"""nisa instructions that run along a partition's free axis or feed the Vector Engine's
+accumulators: tensor_scalar_cumulative (a running reduction, the executor's scan),
+sequence_bounds (segment starts by a forward scan, ends by one over reversed views) and
+exponential. Each is a few executor instructions when traced; no Python runs per element. The
+accumulator model (reduce_cmd) is _isa_vector.py's; isa.py re-exports these."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from openneuron.nki._isa_vector import (
     _per_partition,
     _same_rows,
     _tile,
+    accumulate,
     parse_call,
+    read_accumulators,
 )
 from openneuron.nki._tensor import IndexExpr, NkiTensor
 from openneuron.nki._trace import fail
@@ -185,4 +187,56 @@ def sequence_bounds(*args, **kwargs):
         e = Expr()
         padding = e.op("equal", e.src(seq), e.src(0.0))
         emit(res[:, k, :], (1, n), e, e.op("select", padding, e.src(pad), e.src(bound)))
+    return out if dst is None else None
+
+
+# --- exponential -------------------------------------------------------------------------------
+
+def exponential(*args, **kwargs):
+    """dst = exp(src - max_value) (max_value a number or a float32 [P, 1] tile), in float32,
+    stored in dst's dtype; with reduce_cmd reset_reduce / reduce / load_reduce (from
+    reduce_init) the Vector Engine's accumulators add dst over all free axes, and reduce_res
+    ([P, 1]) receives them. 0.x: exponential(dst, src, max_value=0.0, reduce_res=None,
+    reduce_cmd=idle, reduce_init=0.0); without dst the result is returned (src's float dtype
+    or float32, or dtype=)."""
+    name = "exponential"
+    dst, v = parse_call(
+        name, args, kwargs, ("src", "max_value", "reduce_res", "reduce_cmd", "reduce_init"),
+        {"max_value": 0.0, "reduce_res": None, "reduce_cmd": reduce_cmd.idle,
+         "reduce_init": 0.0, "dtype": None}, keyword_only=("dtype",))
+    src = _tile(name, "src", v["src"])
+    if src.ndim > 4:
+        fail(f"nisa.{name}: src {list(src.shape)} has {src.ndim} dimensions; at most 4")
+    x = _flat(src, name, "src")
+    p, f = x.shape
+    cmd = reduce_cmd(int(v["reduce_cmd"]))
+    if cmd == reduce_cmd.reset:
+        fail(f"nisa.{name}: reduce_cmd reset; it must be idle, reset_reduce, reduce or "
+             f"load_reduce")
+    init = v["reduce_init"]
+    if cmd != reduce_cmd.load_reduce and not (
+            isinstance(init, (int, float, np.number)) and float(init) == 0.0):
+        fail(f"nisa.{name}: reduce_init is only read with reduce_cmd=load_reduce; leave it 0.0")
+    if cmd == reduce_cmd.load_reduce:
+        init = _per_partition(name, "reduce_init", _float32_tile(name, "reduce_init", init), p)
+    mx = _per_partition(name, "max_value", _float32_tile(name, "max_value", v["max_value"]), p)
+    if v["dtype"] is not None and dst is not None:
+        fail(f"nisa.{name}: dtype is the Beta 1 result's dtype; with dst the result takes dst's")
+    default = src._buf.dtype if _trace.is_float(src._buf.dtype) else "float32"
+    out = _out(dst, src.shape, v["dtype"] or default)
+    out = _tile(name, "dst", out)
+    if out.ndim > 4:
+        fail(f"nisa.{name}: dst {list(out.shape)} has {out.ndim} dimensions; at most 4")
+    if out._buf.dtype == "uint32":
+        fail(f"nisa.{name}: dst dtype uint32 is not supported")
+    out2 = _same_rows(name, "dst", out, p, f)
+    res = v["reduce_res"]
+    if res is not None and not _trace.is_float(_tile(name, "reduce_res", res)._buf.dtype):
+        fail(f"nisa.{name}: reduce_res dtype {res._buf.dtype}; it must be a float dtype")
+    e = Expr()
+    emit(out2, (p, f), e, e.op("exp", e.op("subtract", e.src(x), e.src(mx))))
+    e = Expr()
+    accumulate(name, (p, f), e, e.src(out2), "add", cmd, init=init)
+    if res is not None:
+        read_accumulators(name, res, p)
     return out if dst is None else None

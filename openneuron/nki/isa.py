@@ -892,6 +892,7 @@ from openneuron.nki._isa_dynamic import (  # noqa: F401
 )
 from openneuron.nki._isa_move import dma_transpose, nc_stream_shuffle  # noqa: F401
 from openneuron.nki._isa_scan import (  # noqa: F401
+    exponential,
     sequence_bounds,
     tensor_scalar_cumulative,
 )

@@ -1,7 +1,7 @@
 # openneuron.nki's running reductions and random numbers against numpy references written from
 # NKI's documentation: nisa.tensor_scalar_cumulative (reduce_cmd on the Vector Engine's shared
-# accumulators) and nisa.sequence_bounds; on numpy arrays and neuron tensors, in the
-# generations each exists in.
+# accumulators), nisa.sequence_bounds, nisa.exponential; on numpy arrays and neuron tensors, in
+# the generations each exists in.
 import numpy as np
 import pytest
 import torch
@@ -182,3 +182,61 @@ def test_sequence_bounds_errors():
     assert "test_nki_scan_random.py:" in str(e.value)
     with pytest.raises(nki.NkiError, match="must be float32 or int32"):
         k(np.ones((1, 8), np.int16))
+
+
+# --- exponential ---------------------------------------------------------------------------------
+
+def test_exponential_with_the_shared_accumulator():
+    x, mx, init = rand(128, 2, 24), rand(128, 1), rand(128, 1)
+
+    @nki.jit
+    def k(src, m, i0):
+        t, mt, it = nl.load(src), nl.load(m), nl.load(i0)
+        d = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)
+        r = nl.ndarray((128, 3), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.exponential(d, t, max_value=mt, reduce_res=r[:, 0:1],
+                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.exponential(dst=d, src=t, max_value=1.0, reduce_cmd=nisa.reduce_cmd.reduce)
+        nisa.exponential(d, t, 0.5, r[:, 1:2], nisa.reduce_cmd.load_reduce, it)
+        c = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.sbuf)  # continues it
+        nisa.tensor_scalar_cumulative(c, t[:, 0, 0:16], nl.multiply, nl.add, 0.0,
+                                      reduce_cmd=nisa.reduce_cmd.reduce)
+        r[:, 2:3] = nl.copy(c[:, 15:16])
+        out = nl.ndarray((128, 51), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:48], d.reshape((128, 48)))
+        nl.store(out[:, 48:51], r)
+        return out
+
+    got = k(x, mx, init)
+    e0 = np.exp(x.reshape(128, 48) - mx)
+    e2 = np.exp(x.reshape(128, 48) - 0.5)
+    np.testing.assert_allclose(got[:, :48], e2, rtol=1e-5)
+    np.testing.assert_allclose(got[:, 48], e0.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(got[:, 49], init[:, 0] + e2.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(got[:, 50], init[:, 0] + e2.sum(1), rtol=1e-5)
+
+
+def test_exponential_dtypes_beta1_and_errors():
+    x = rand(64, 32)
+
+    @nki.jit
+    def k(src):
+        r = nisa.exponential(src=nl.load(src), max_value=2.0, dtype=nl.bfloat16)
+        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+        nl.store(out, r)
+        return out
+
+    got = k(torch.from_numpy(x).to("neuron"))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.cpu(), torch.exp(torch.from_numpy(x) - 2).to(torch.bfloat16))
+
+    @nki.jit
+    def bad(src):
+        t = nl.load(src)
+        d = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.exponential(d, t, reduce_init=1.0, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        return src
+
+    with pytest.raises(nki.NkiError, match="reduce_init is only read") as e:
+        bad(x)
+    assert "test_nki_scan_random.py:" in str(e.value)
