@@ -4,6 +4,7 @@
 // like any op (asynchronous; errors at the next sync, naming the kernel), or synchronously over
 // host buffers (numpy arrays, as NKI's simulator takes). Tensors are never captured: only their
 // device pointers.
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "aten/bindings.h"
+#include "aten/generator.h"
 #include "aten/ops/enqueue.h"
 #include "nki/program.h"
 
@@ -65,8 +67,15 @@ void nki_launch(const NkiProgramHandle& h, const std::vector<at::Tensor>& buffer
   }
   slots.push_back(nullptr);  // the arena: the executor's, per thread
   if (!device) throw std::invalid_argument("nki kernel '" + p.name + "': no neuron tensor");
-  enqueue_op(*device, h.work_name, [program = h.program, slots = std::move(slots)] {
-    nki::program_run(*program, slots.data());
+  uint64_t seed = 0;
+  if (p.random) {  // drawn when queued, as a random ATen op takes its state at dispatch
+    NeuronGenerator* gen = generator_or_default(std::nullopt, device->index());
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    const PhiloxState st = gen->philox_state(4);
+    seed = st.seed * 0x9E3779B97F4A7C15ull + st.offset;
+  }
+  enqueue_op(*device, h.work_name, [program = h.program, slots = std::move(slots), seed] {
+    nki::program_run(*program, slots.data(), seed);
   });
 }
 
@@ -81,8 +90,14 @@ void nki_run_host(const NkiProgramHandle& h, const std::vector<uintptr_t>& addre
     slots.push_back(reinterpret_cast<void*>(addresses[i]));
   }
   slots.push_back(nullptr);
+  uint64_t seed = 0;
+  if (p.random) {  // numpy arrays: the CPU generator, so torch.manual_seed reproduces a run
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    seed = gen.get<at::CPUGeneratorImpl>()->random64();
+  }
   py::gil_scoped_release no_gil;
-  nki::program_run(p, slots.data());
+  nki::program_run(p, slots.data(), seed);
 }
 
 py::dict nki_tables() {

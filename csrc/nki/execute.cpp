@@ -152,6 +152,16 @@ OPENNEURON_INLINE float uniform(uint64_t seed, float index) {
   return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
 }
 
+// A uniform float in [0, 1) from a key given as two floats' bit patterns (a kernel's own
+// random state, nl.random_seed / nisa.set_rng_seed) and a lane index: no launch seed, so a
+// kernel that seeds itself draws the same values on every run.
+OPENNEURON_INLINE float keyed_uniform(float k0, float k1, float index) {
+  uint32_t b0, b1;
+  std::memcpy(&b0, &k0, sizeof(b0));
+  std::memcpy(&b1, &k1, sizeof(b1));
+  return uniform(((uint64_t{b0} << 32) | b1) ^ 0x5851F42D4C957F2Dull, index);
+}
+
 #define NKI_LOOP(expr)             \
   for (int j = 0; j < n; ++j) {    \
     const float x = a[AS ? 0 : j]; \
@@ -283,6 +293,12 @@ OPENNEURON_INLINE void apply(Op op, int n, float* o, const float* a, const float
       break;
     case Op::k_select:
       for (int j = 0; j < n; ++j) o[j] = a[AS ? 0 : j] != 0.0f ? b[BS ? 0 : j] : c[j];
+      break;
+    case Op::k_launch_random:  // a = lane index
+      for (int j = 0; j < n; ++j) o[j] = uniform(seed, a[AS ? 0 : j]);
+      break;
+    case Op::k_random:  // a, b = key, c = lane index
+      for (int j = 0; j < n; ++j) o[j] = keyed_uniform(a[j], b[j], c[j]);
       break;
     case Op::k_dropout:  // a = data, b = lane index, c = drop probability
       for (int j = 0; j < n; ++j) o[j] = uniform(seed, b[BS ? 0 : j]) < c[j] ? 0.0f : a[AS ? 0 : j];

@@ -227,7 +227,7 @@ void check_indirect(const Reader& r, const Program& p, const Instr& in) {
                 in.ind_scale, in.ind_target == 0 ? "indirect source" : "indirect destination");
 }
 
-Instr read_instr(Reader& r, const Program& p) {
+Instr read_instr(Reader& r, Program& p) {
   Instr in;
   const int n_slots = static_cast<int>(p.slot_bytes.size());
   in.kind = static_cast<Kind>(r.next_in(0, 5, "instruction kind"));
@@ -256,6 +256,7 @@ Instr read_instr(Reader& r, const Program& p) {
     st.a = static_cast<uint8_t>(r.next_in(0, limit, "register"));
     st.b = static_cast<uint8_t>(r.next_in(0, limit, "register"));
     st.c = static_cast<uint8_t>(r.next_in(0, limit, "register"));
+    p.random = p.random || st.op == Op::k_dropout || st.op == Op::k_launch_random;
     in.steps.push_back(st);
   }
   const int64_t n_preds = r.next_in(0, 64, "predicate count");
@@ -590,7 +591,10 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
 }
 
 void program_run(const Program& p, void* const* slots) {
-  const uint64_t seed = p.launches.fetch_add(1, std::memory_order_relaxed);
+  program_run(p, slots, p.launches.fetch_add(1, std::memory_order_relaxed));
+}
+
+void program_run(const Program& p, void* const* slots, uint64_t seed) {
   const int64_t n = static_cast<int64_t>(p.instances.size());
   const bool in_order = slots_overlap(p, slots);
   if (n == 1) {

@@ -902,3 +902,10 @@ from openneuron.nki._isa_vector import (  # noqa: F401
     tensor_copy_predicated,
     tensor_scalar_reduce,
 )
+from openneuron.nki._random import (  # noqa: F401
+    rand2,
+    rand_get_state,
+    rand_set_state,
+    rng,
+    set_rng_seed,
+)

@@ -558,6 +558,20 @@ def dropout(x, rate, dtype=None, mask=None, **_):
     return _dropout(x, rate, dtype, mask)
 
 
+def rand(shape, dtype=None, buffer=None, name="", **_):
+    """Uniform random values in [0, 1), drawn when the kernel runs (openneuron/nki/_random.py)."""
+    from openneuron.nki import _random
+
+    return _random.rand(shape, dtype, buffer, name)
+
+
+def random_seed(seed):
+    """Seeds the kernel's generator from a [1, 1] 32-bit tile (openneuron/nki/_random.py)."""
+    from openneuron.nki import _random
+
+    _random.random_seed(seed)
+
+
 def _dropout(x, rate, dtype, mask, out=None):
     S = x.shape
     if out is None:

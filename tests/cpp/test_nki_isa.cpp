@@ -6,13 +6,14 @@
 // indirect copy (HBM rows gathered / scattered by a tile of row indices), and the parser's and
 // executor's refusals (a scan with foreign registers, a gather index tile past its slot, a
 // dynamic or indirect copy whose far end leaves its slot, an index or offset past the tensor as
-// an error naming the line).
+// an error naming the line), and random numbers from the run's seed or the kernel's own key.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -572,6 +573,51 @@ TEST(NkiIsa, IndirectCopyPastItsSlotIsRejected) {
   s = IndirectSpec();
   s.target = 1, s.hi = s.R;
   EXPECT_THROW(parse(s), std::invalid_argument);
+}
+
+// random numbers: `launch_random` draws from the run's seed (program_run's), `random` from a key
+// the kernel holds (two float words) alone; both uniform in [0, 1), one value per lane index.
+std::unique_ptr<Program> random_program(bool keyed) {
+  Encoder e({128, 64});  // out[4x8], arena
+  e.w.insert(e.w.end(), {1, 1});
+  e.header(0, {4, 8});
+  e.operand(0, 0, 0, {8, 1});
+  if (keyed) {
+    e.w.push_back(3);
+    e.operand(1, 0, 0, {0, 0}, 42.0);
+    e.operand(1, 0, 0, {0, 0}, 7.0);
+    e.operand(2, 0, 0, {8, 1});  // the lane index
+    e.w.insert(e.w.end(), {1, static_cast<int>(Op::k_random), 0, 1, 2});
+  } else {
+    e.w.push_back(1);
+    e.operand(2, 0, 0, {8, 1});
+    e.w.insert(e.w.end(), {1, static_cast<int>(Op::k_launch_random), 0, 0, 0});
+  }
+  e.w.push_back(0);
+  return e.parse();
+}
+
+TEST(NkiIsa, RandomDrawsFromTheRunSeedOrTheKernelsKey) {
+  auto run = [](const Program& p, uint64_t seed) {
+    std::vector<float> out(32, -1.0f);
+    void* slots[] = {out.data(), nullptr};
+    program_run(p, slots, seed);
+    for (float v : out) EXPECT_TRUE(v >= 0.0f && v < 1.0f) << v;
+    return out;
+  };
+  auto launch = random_program(false);
+  EXPECT_TRUE(launch->random);
+  const std::vector<float> a = run(*launch, 7);
+  EXPECT_EQ(run(*launch, 7), a);
+  EXPECT_NE(run(*launch, 8), a);
+  std::vector<float> distinct(a);
+  std::sort(distinct.begin(), distinct.end());
+  EXPECT_EQ(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  auto keyed = random_program(true);
+  EXPECT_FALSE(keyed->random);  // no seed needed: the launch leaves the generator alone
+  const std::vector<float> k = run(*keyed, 7);
+  EXPECT_EQ(run(*keyed, 8), k);
+  EXPECT_NE(k, a);
 }
 
 }  // namespace

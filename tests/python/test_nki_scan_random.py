@@ -240,3 +240,141 @@ def test_exponential_dtypes_beta1_and_errors():
     with pytest.raises(nki.NkiError, match="reduce_init is only read") as e:
         bad(x)
     assert "test_nki_scan_random.py:" in str(e.value)
+
+
+# --- random numbers: drawn when the kernel runs ------------------------------------------------
+
+def out_of(t):
+    out = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.shared_hbm)
+    nl.store(out, t)
+    return out
+
+
+@nki.jit
+def two_rand_tiles(x):
+    a = nl.rand((128, 512))
+    b = nl.rand((128, 512), dtype=nl.float32)
+    out = nl.ndarray((2, 128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out[0], a)
+    nl.store(out[1], b)
+    return out
+
+
+def test_rand_is_uniform_new_each_launch_and_follows_manual_seed():
+    x = np.zeros((1, 1), np.float32)
+    torch.manual_seed(5)
+    a = two_rand_tiles(x)
+    assert a.shape == (2, 128, 512) and a.min() >= 0 and a.max() < 1
+    assert abs(a.mean() - 0.5) < 0.01 and abs(a.std() - 12 ** -0.5) < 0.01
+    assert not np.array_equal(a[0], a[1])  # each call draws anew
+    assert not np.array_equal(a[0, 0], a[0, 1])  # so does each partition
+    b = two_rand_tiles(x)
+    assert not np.array_equal(a, b)  # each launch draws anew
+    torch.manual_seed(5)
+    np.testing.assert_array_equal(two_rand_tiles(x), a)  # the CPU generator's state decides
+    xt = torch.zeros((1, 1), device="neuron")
+    torch.manual_seed(6)
+    c = two_rand_tiles(xt).cpu()
+    assert not torch.equal(c, two_rand_tiles(xt).cpu())
+    torch.manual_seed(6)
+    assert torch.equal(two_rand_tiles(xt).cpu(), c)  # the neuron generator's
+
+
+def test_rand_grid_instances_differ_and_dtypes():
+    @nki.jit
+    def k(x):
+        out = nl.ndarray((4, 64, 32), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        r = nl.rand((64, 32), dtype=nl.bfloat16)
+        nl.store(out[nl.program_id(0)], r)
+        return out
+
+    got = k[4](np.zeros((1, 1), np.float32))
+    g = np.asarray(got, np.float32)
+    assert g.min() >= 0 and g.max() <= 1
+    assert len({g[i].tobytes() for i in range(4)}) == 4
+
+
+def test_random_seed_repeats_the_sequence():
+    @nki.jit
+    def k(x):
+        seed = nl.full((1, 1), 42, dtype=nl.int32, buffer=nl.sbuf)
+        nl.random_seed(seed)
+        a = nl.rand((128, 64))
+        b = nl.rand((128, 64))
+        nl.random_seed(seed)
+        c = nl.rand((128, 64))
+        out = nl.ndarray((3, 128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i, t in enumerate((a, b, c)):
+            nl.store(out[i], t)
+        return out
+
+    x = np.zeros((1, 1), np.float32)
+    got = k(x)
+    np.testing.assert_array_equal(got[0], got[2])
+    assert not np.array_equal(got[0], got[1])
+    np.testing.assert_array_equal(k(x), got)  # seeded: the same on every launch
+
+
+def test_rng_bits_rand2_and_state_round_trip():
+    @nki.jit
+    def k(x):
+        u16 = nl.ndarray((128, 256), dtype=nl.uint16, buffer=nl.sbuf)
+        nisa.rng(u16)
+        i8 = nl.ndarray((128, 256), dtype=nl.int8, buffer=nl.sbuf)
+        nisa.rng(dst=i8, engine=nisa.engine.vector)
+        st = nl.ndarray((128, 6), dtype=nl.uint32, buffer=nl.sbuf)
+        nisa.rand_get_state(st)
+        r0 = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.rand2(r0, -3.0, 5.0)
+        nisa.rand_set_state(st)
+        r1 = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.rand2(r1, nl.full((128, 1), -3.0, dtype=nl.float32),
+                   nl.full((128, 1), 5.0, dtype=nl.float32))
+        out = nl.ndarray((128, 640), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[:, 0:256], nl.copy(u16, dtype=nl.float32))
+        nl.store(out[:, 256:512], nl.copy(i8, dtype=nl.float32))
+        nl.store(out[:, 512:576], r0)
+        nl.store(out[:, 576:640], r1)
+        return out
+
+    got = k(np.zeros((1, 1), np.float32))
+    u16, i8, r0, r1 = got[:, :256], got[:, 256:512], got[:, 512:576], got[:, 576:]
+    assert np.all(u16 == np.floor(u16)) and u16.min() >= 0 and u16.max() <= 65535
+    assert u16.max() > 60000 and u16.min() < 5000
+    assert i8.min() >= -128 and i8.max() <= 127 and i8.min() < -100 and i8.max() > 100
+    assert r0.min() >= -3 and r0.max() < 5 and r0.min() < -2.5 and r0.max() > 4.5
+    np.testing.assert_array_equal(r0, r1)  # the state restored, the same draw
+
+
+def test_random_errors():
+    def kernel(body):
+        @nki.jit
+        def k(x):
+            body()
+            return x
+        return k
+
+    def rng32():
+        nisa.rng(nl.ndarray((128, 8), dtype=nl.int32, buffer=nl.sbuf))
+
+    with pytest.raises(nki.NkiError, match="32 random bits") as e:
+        kernel(rng32)(np.zeros((1, 1), np.float32))
+    assert "test_nki_scan_random.py:" in str(e.value)
+
+    def rand2_bad():
+        nisa.rand2(nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf), 1.0, 1.0)
+
+    with pytest.raises(nki.NkiError, match="min 1.0 must be less than max 1.0"):
+        kernel(rand2_bad)(np.zeros((1, 1), np.float32))
+
+    def seed_bad():
+        nisa.set_rng_seed(nl.full((1, 2), 3, dtype=nl.int32, buffer=nl.sbuf))
+
+    with pytest.raises(nki.NkiError, match=r"\[1, 1\] tile"):
+        kernel(seed_bad)(np.zeros((1, 1), np.float32))
+
+    def state_bad():
+        nisa.rand_set_state(nl.full((128, 5), 3, dtype=nl.uint32, buffer=nl.sbuf))
+
+    with pytest.raises(nki.NkiError, match=r"\[P, 6\] \(GpSimd\) or \[P, 24\]"):
+        kernel(state_bad)(np.zeros((1, 1), np.float32))
