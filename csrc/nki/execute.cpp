@@ -300,9 +300,6 @@ OPENNEURON_INLINE void apply(Op op, int n, float* o, const float* a, const float
     case Op::k_random:  // a, b = key, c = lane index
       for (int j = 0; j < n; ++j) o[j] = keyed_uniform(a[j], b[j], c[j]);
       break;
-    case Op::k_dropout:  // a = data, b = lane index, c = drop probability
-      for (int j = 0; j < n; ++j) o[j] = uniform(seed, b[BS ? 0 : j]) < c[j] ? 0.0f : a[AS ? 0 : j];
-      break;
     default:
       break;
   }

@@ -256,7 +256,7 @@ Instr read_instr(Reader& r, Program& p) {
     st.a = static_cast<uint8_t>(r.next_in(0, limit, "register"));
     st.b = static_cast<uint8_t>(r.next_in(0, limit, "register"));
     st.c = static_cast<uint8_t>(r.next_in(0, limit, "register"));
-    p.random = p.random || st.op == Op::k_dropout || st.op == Op::k_launch_random;
+    p.random = p.random || st.op == Op::k_launch_random;
     in.steps.push_back(st);
   }
   const int64_t n_preds = r.next_in(0, 64, "predicate count");

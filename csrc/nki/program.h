@@ -60,7 +60,7 @@ const char* dtype_name(DType dt);
   X(power, 2) X(mod, 2) X(equal, 2) X(not_equal, 2) X(less, 2) X(less_equal, 2)               \
   X(greater, 2) X(greater_equal, 2) X(logical_and, 2) X(logical_or, 2) X(logical_xor, 2)      \
   X(bitwise_and, 2) X(bitwise_or, 2) X(bitwise_xor, 2) X(left_shift, 2) X(right_shift, 2)     \
-  X(abs_max, 2) X(abs_min, 2) X(select, 3) X(dropout, 3) X(random, 3)
+  X(abs_max, 2) X(abs_min, 2) X(select, 3) X(random, 3)
 // clang-format on
 
 enum class Op : uint8_t {
@@ -201,7 +201,7 @@ struct Program {
   std::vector<std::vector<Instr>> rewritten;  // the same after rewrite_instance
   std::vector<std::vector<Group>> schedules;  // per instance: `rewritten` in groups
   int64_t n_instrs = 0;
-  // Whether some step draws from the launch's seed (dropout, launch_random): a launch then
+  // Whether some step draws from the launch's seed (launch_random): a launch then
   // takes its seed from the caller's generator (program_run with a seed).
   bool random = false;
   mutable std::atomic<uint64_t> launches{0};  // the seed of a run given none: one per run
@@ -217,7 +217,7 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
 // slot may be null: the executor then uses a per-thread arena. Thread-safe for concurrent runs
 // of the same program. Throws std::runtime_error naming the kernel line on failure.
 void program_run(const Program& p, void* const* slots);
-// The same with the seed that dropout and launch_random draw from (a generator's state).
+// The same with the seed that launch_random draws from (a generator's state).
 void program_run(const Program& p, void* const* slots, uint64_t seed);
 
 // (optional) The host's float32 GEMM for tile matmuls: row-major c[M x N] (row stride ldc) =

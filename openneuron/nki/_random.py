@@ -1,5 +1,5 @@
-"""Random numbers in NKI kernels: nl.rand / nl.random_seed and nisa.rng, rand2, set_rng_seed,
-rand_set_state, rand_get_state. The engines' generator state is a hidden float32 [128, 2] tile
+"""Random numbers in NKI kernels: nl.rand / nl.random_seed, dropout's masks and nisa.rng,
+rand2, set_rng_seed, rand_set_state, rand_get_state. The engines' generator state is a hidden float32 [128, 2] tile
 of the trace (per partition a key of two 24-bit integers); each draw is the executor's `random`
 op over (key, lane index), after which the key advances, so nothing random is fixed when the
 kernel is traced. A kernel that does not seed itself starts from keys drawn from the launch's
@@ -80,6 +80,19 @@ def _fill(name, out, scale=None, offset=None):
     if scale is not None:
         u = e.op("add", e.op("multiply", u, e.src(scale)), e.src(offset))
     emit(out, S, e, u, allow_hbm=True)
+    _advance()
+
+
+def dropout_into(out, x, rate, mask=None):
+    """out <- x with each element zeroed with probability rate (a number or a [P, 1] tile),
+    from the generator state: each call, partition and grid instance draws its own mask, and a
+    seeded kernel repeats its masks."""
+    S = tuple(x.shape)
+    if not S or x.size == 0:
+        return
+    e, u = _draw(S[0], S)
+    emit(out, S, e, e.op("select", e.op("less", u, e.src(rate)), e.src(0.0), e.src(x)),
+         mask=mask)
     _advance()
 
 

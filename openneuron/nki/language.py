@@ -576,10 +576,9 @@ def _dropout(x, rate, dtype, mask, out=None):
     S = x.shape
     if out is None:
         out = new_buffer(S, _result_dtype((x,), dtype, "same"), "sbuf")
-    lin = IndexExpr(S, 0, [int(np.prod(S[d + 1:], dtype=np.int64)) for d in range(len(S))])
-    e = Expr()
-    r = e.op("dropout", e.src(x), e.src(lin), e.src(rate))
-    emit(out, S, e, r, mask=mask)
+    from openneuron.nki import _random
+
+    _random.dropout_into(out, x, rate, mask)
     return out
 
 

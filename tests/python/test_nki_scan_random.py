@@ -378,3 +378,31 @@ def test_random_errors():
 
     with pytest.raises(nki.NkiError, match=r"\[P, 6\] \(GpSimd\) or \[P, 24\]"):
         kernel(state_bad)(np.zeros((1, 1), np.float32))
+
+
+def test_dropout_draws_a_mask_per_call_and_instance_and_follows_the_seed():
+    @nki.jit
+    def k(x, seeded=False):
+        if seeded:
+            nisa.set_rng_seed(nl.full((1, 1), 7, dtype=nl.int32, buffer=nl.sbuf))
+        t = nl.load(x)
+        out = nl.ndarray((2, 2) + x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        i = nl.program_id(0)
+        nl.store(out[i, 0], nl.dropout(t, 0.25))
+        d = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dropout(d, t, nl.full((128, 1), 0.25, dtype=nl.float32))
+        nl.store(out[i, 1], d)
+        return out
+
+    x = np.ones((128, 256), np.float32)
+    got = k[2](x)
+    assert abs((got == 0).mean() - 0.25) < 0.01
+    masks = {got[i, j].tobytes() for i in range(2) for j in range(2)}
+    assert len(masks) == 4  # per call and per grid instance
+    torch.manual_seed(3)
+    a = k[2](x)
+    torch.manual_seed(3)
+    np.testing.assert_array_equal(k[2](x), a)
+    s = k[2](x, seeded=True)
+    np.testing.assert_array_equal(k[2](x, seeded=True), s)  # the kernel's seed decides
+    assert not np.array_equal(s, a)
