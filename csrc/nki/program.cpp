@@ -158,6 +158,9 @@ void check_scan(const Reader& r, const Instr& in) {
   const Operand& init = in.src[2];
   if (init.type == Operand::kIota || (init.type == Operand::kView && init.stride[1] != 0))
     r.fail("scan initial value is not one value per row");
+  // run_scan reads data0 / data1 as views (constants too); an iota would be read as memory
+  if (in.src[0].type == Operand::kIota || in.src[1].type == Operand::kIota)
+    r.fail("scan data is an iota");
 }
 
 // See Instr (kGather): every read it can make lies inside its slot (indices are checked when

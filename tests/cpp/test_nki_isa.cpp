@@ -214,6 +214,23 @@ TEST(NkiIsa, ScanWithForeignRegistersIsRejected) {
   EXPECT_THROW(e.parse(), std::invalid_argument);
 }
 
+// The scan reads its data as views: an iota operand there is malformed, not memory to read.
+TEST(NkiIsa, ScanOverAnIotaIsRejected) {
+  Encoder e({64, 64, 16, 64, 64});
+  e.w.insert(e.w.end(), {1, 1});
+  e.header(2, {4, 4});
+  e.operand(0, 3, 0, {4, 1});
+  e.w.push_back(3);
+  e.operand(2, 0, 1000000, {4, 1});  // an iota where data0 goes
+  e.operand(0, 1, 0, {4, 1});
+  e.operand(0, 2, 0, {1, 0});
+  e.w.push_back(2);
+  e.w.insert(e.w.end(), {kAdd, 0, 2, 0});
+  e.w.insert(e.w.end(), {kAdd, 3, 1, 0});
+  e.w.push_back(0);
+  EXPECT_THROW(e.parse(), std::invalid_argument);
+}
+
 // A gather of n_valid x n_elem from a [P, S] float32 source by a [P, K] uint16 index tile.
 Encoder gather_encoder(int64_t P, int64_t S, int64_t K, int64_t n_valid, int64_t n_elem,
                        int64_t index_bytes, bool own_row = false) {
