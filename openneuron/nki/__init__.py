@@ -135,4 +135,7 @@ def custom_op(name, kernel, *, mutates_args=(), num_outputs=None, grid=None):
 def __getattr__(name):
     if name == "tensor":  # 0.x: nki.tensor is the tensor type
         return language.NkiTensor
+    if name == "dtype":  # 0.x: nki.dtype, the type of nl.float32 & co. (annotations)
+        import numpy as np
+        return np.dtype
     raise AttributeError(name)

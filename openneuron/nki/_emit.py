@@ -58,9 +58,24 @@ def new_buffer(shape, dtype: str, kind: str, role: str = "tile", blocks: int = 1
     return NkiTensor(buf)
 
 
+def _broadcasts(shape, S) -> bool:
+    """Whether shape reaches S by _bind's broadcasting: trailing axes added, unit axes
+    dropped at the end (else at the start), then each axis S's or 1."""
+    shape = tuple(shape)
+    if len(shape) > len(S):
+        keep = shape[:len(S)] if all(n == 1 for n in shape[len(S):]) else shape[-len(S):]
+        if any(n != 1 for n in shape[:len(shape) - len(S)]) and keep != shape[:len(S)]:
+            return False
+        shape = keep
+    return all(a == b or a == 1 for a, b in zip(shape, S))
+
+
 def _bind(view: NkiTensor, S, space_dims):
     """Strides of view over the iteration axes. NOTE: tiles align on the partition axis (NKI's
-    rule): a [P] or [P, 1] tile broadcasts along the free axes of [P, F]."""
+    rule): a [P] or [P, 1] tile broadcasts along the free axes of [P, F]; one that does not
+    broadcast but has S's partitions and elements per partition walks them in order (0.x)."""
+    if len(space_dims) == len(S) and not _broadcasts(view.shape, S):
+        view = view.as_shape(S) or view
     if view.ndim > len(S):  # unit axes: a [P, 1] value into [P]; else [1, F] into [F]
         keep = slice(0, len(S))
         if any(n != 1 for n in view.shape[len(S):]):
@@ -184,6 +199,7 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
                 fail(f"operand {x!r} is in HBM: compute engines read SBUF/PSUM tiles; load it "
                      f"first (nl.load / nisa.dma_copy)")
             op, ch = _bind(x, S, space_dims)
+            x._buf.mm_open.clear()  # a read ends the matmuls' accumulation group
             if x.dyn is not None:
                 moving.append((0, x, op))
             if x.ind is not None:
@@ -200,6 +216,8 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
             srcs.append(Operand(1, "float32", value=float(x)))
     if dst._buf.kind == "hbm" and not allow_hbm:
         fail("compute engines write SBUF/PSUM tiles; store to HBM with nl.store / nisa.dma_copy")
+    if nreduce == 0 and dst_map == list(range(len(S))) and tuple(dst.shape) != S:
+        dst = dst.as_shape(S) or dst  # 0.x: the same elements per partition
     dstrides = []
     for i, m in enumerate(dst_map):
         if m is None:
@@ -428,6 +446,9 @@ def broadcast_shape(*xs):
     try:
         return tuple(np.broadcast_shapes(*[tuple(s) + (1,) * (n - len(s)) for s in shapes]))
     except ValueError:
+        sizes = {int(np.prod(s, dtype=np.int64)) for s in shapes}
+        if len(sizes) == 1 and len({s[0] for s in shapes if s}) == 1:
+            return tuple(shapes[0])  # 0.x: the same elements per partition, walked in order
         fail(f"operands of shapes {[list(s) for s in shapes]} do not broadcast")
 
 

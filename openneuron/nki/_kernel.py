@@ -116,6 +116,17 @@ def _flatten(result):
                    f"tuple/list of them, or None; got {type(result).__name__}")
 
 
+def _whole_view_shape(name, o) -> tuple:
+    """The shape a returned tensor has: its buffer's, or a reshape of all of it
+    (`return out.reshape(shape)`); a part of a buffer is not a result."""
+    whole = NkiTensor(o._buf, 0, o._buf.shape)
+    if o.offset != 0 or o.size != whole.size or o.ind is not None or o.dyn is not None or \
+            NkiTensor(o._buf, 0, o.shape).strides != o.strides:
+        raise NkiError(f"kernel '{name}' returns {o!r}, a part of the tensor "
+                       f"{list(o._buf.shape)}; return the whole tensor or a reshape of it")
+    return tuple(o.shape)
+
+
 def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
     structure, outs0 = _flatten(results[0])
     # Outputs are identified by allocation order, so every instance writes the same buffers
@@ -135,7 +146,7 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
         else:
             input_outputs.append(None)
             out_slots.append(t0.hbm_allocs.index(o._buf.id))
-        out_specs.append((tuple(o._buf.shape), o._buf.dtype))
+        out_specs.append((_whole_view_shape(name, o), o._buf.dtype))
     # nl.shared_constant tensors: hidden inputs after the arguments, the same per instance
     consts = [data for _, data in t0.constants]
     for t in traces:
@@ -360,7 +371,12 @@ def _launch_device(traced, args, arrays):
 
 def _outputs(traced, args, new):
     it = iter(new)
-    return [next(it) if src is None else args[src] for src in traced.input_outputs]
+    return [next(it) if src is None else _reshaped(args[src], shape)
+            for src, (shape, _) in zip(traced.input_outputs, traced.out_specs)]
+
+
+def _reshaped(array, shape):
+    return array if tuple(array.shape) == shape else array.reshape(shape)
 
 
 def _launch_host(traced, args, arrays):

@@ -377,6 +377,31 @@ mgrid = _MGrid()
 
 # --- tensors -----------------------------------------------------------------------------------
 
+def _restride(shape, strides, new_shape):
+    """Strides walking a (shape, strides) view's elements in row-major order as new_shape, or
+    None (numpy's _attempt_nocopy_reshape)."""
+    old = [(n, st) for n, st in zip(shape, strides) if n != 1]
+    new = list(new_shape)
+    out = [1] * len(new)
+    oi, oj, ni, nj = 0, 1, 0, 1
+    while ni < len(new) and oi < len(old):
+        a, b = new[ni], old[oi][0]
+        while a != b:
+            if a < b:
+                a *= new[nj]
+                nj += 1
+            else:
+                b *= old[oj][0]
+                oj += 1
+        if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(oi, oj - 1)):
+            return None
+        out[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            out[k - 1] = out[k] * new[k]
+        ni, nj, oi, oj = nj, nj + 1, oj, oj + 1
+    return out
+
+
 class NkiTensor:
     """A view: buffer, element offset, shape, strides. On SBUF/PSUM the first axis is the
     partition axis. `checks` bound each indexed axis of an advanced-indexed view: (const,
@@ -452,6 +477,18 @@ class NkiTensor:
             return  # `t[i] += x` writes in place, then assigns the view to itself
         _emit.copy_into(dst, value, allow_hbm=dst._buf.kind == "hbm")
 
+    def as_shape(self, shape):
+        """This view's elements, in order within each partition, as a view of `shape` with the
+        same partition count (0.x instructions pair operands by element count per partition,
+        [8, 1, 128] with [8, 128]); None where no strides walk them so (numpy's reshape
+        without a copy) or the view carries checks or run-time indices."""
+        shape = tuple(int(n) for n in shape)
+        if self.checks or self.ind is not None or self.dyn is not None or not shape or \
+                shape[0] != self.shape[0] or int(np.prod(shape, dtype=np.int64)) != self.size:
+            return None
+        strides = _restride(self.shape, self.strides, shape)
+        return None if strides is None else NkiTensor(self._buf, self.offset, shape, strides)
+
     def reshape(self, shape):
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         if int(np.prod(shape, dtype=np.int64)) != self.size:
@@ -486,7 +523,7 @@ class NkiTensor:
         pair is the partition axis of a tile), from `offset` elements past this view's start.
         vector_offset (0.x indirect DMA, HBM only): an SBUF tile of row indices, one per
         partition of the pattern: partition p reads row vector_offset[p] of axis indirect_dim
-        (0) instead of stepping by the first pair's step (which must be that row stride)."""
+        (0) instead of stepping by the first pair's step."""
         strides = [int(p[0]) for p in pattern]
         shape = [int(p[1]) for p in pattern]
         if scalar_offset is not None:
@@ -578,7 +615,7 @@ class NkiTensor:
     def _inplace(self, name, other):
         from openneuron.nki import _emit
         if name == "add" and self._buf.kind == "psum" and isinstance(other, NkiTensor) and \
-                getattr(other._buf, "mm_open", False) and not self._psum_written():
+                other._buf.mm_open and not self._psum_written():
             # `psum[...] += matmul` starts its accumulation group by overwriting, as NKI's
             # compiler infers (the first write to a PSUM location overwrites)
             _emit.copy_into(self, other)
@@ -824,10 +861,13 @@ def _index_indirect(t: NkiTensor, key, ind_axes) -> NkiTensor:
 
 def _ap_indirect(t: NkiTensor, strides, shape, offset, idx, indirect_dim) -> NkiTensor:
     """t.ap(pattern, vector_offset=idx, indirect_dim=0): the 0.x spelling of an indirect
-    access (see _index_indirect), the rows admitted being those that keep the whole pattern
-    in the tensor."""
+    access (see _index_indirect): partition p at row idx[p] of the first axis, in place of the
+    first pair's step; the rows admitted being those that keep the whole pattern in the
+    tensor."""
     if t._buf.kind != "hbm":
         fail("ap(vector_offset=...): the tensor indexed by row indices must be in HBM")
+    if isinstance(idx, NkiTensor) and idx.ndim > 2 and idx.size == idx.shape[0]:
+        idx = idx.as_shape((idx.shape[0], 1)) or idx  # [P, 1, 1]: one index per partition
     if not isinstance(idx, NkiTensor) or idx._buf.kind != "sbuf" or \
             idx._buf.dtype not in _INDEX_DTYPES or idx.ndim != 2:
         got = repr(idx) if isinstance(idx, NkiTensor) else type(idx).__name__
@@ -836,12 +876,12 @@ def _ap_indirect(t: NkiTensor, strides, shape, offset, idx, indirect_dim) -> Nki
     if indirect_dim != 0:
         fail(f"ap(vector_offset=..., indirect_dim={indirect_dim}): only indirect_dim=0 (rows "
              f"of the tensor's first axis) is supported")
-    full = t._buf.shape
-    scale = int(np.prod(full[1:], dtype=np.int64)) if len(full) > 1 else 1
-    if not shape or strides[0] != scale:
-        fail(f"ap(vector_offset=...): the pattern's first pair [{strides[0] if shape else '-'}, "
-             f"...] must step by the tensor's row stride {scale} (each index picks a row of "
-             f"{list(full)})")
+    full = t.shape  # the rows of this view (a reshape of the tensor: nki-library's 1-D views)
+    scale = t.strides[0] if full else 1
+    if not shape:
+        fail("ap(vector_offset=...): the pattern needs a first (partition) pair")
+    # NOTE: the index replaces the first pair's step (nki-library's router_topk scatters into a
+    # 1-D tensor by absolute element indices with a first step of k * tiles).
     view = NkiTensor(t._buf, t.offset + offset, shape, [0] + strides[1:])
     lo, hi = view_span(view)
     rows = full[0] if full else 1

@@ -143,6 +143,7 @@ class Buffer:
         self.state = "init"  # "uninit" until written; an uninit read gets a NaN fill first
         self.fill = None
         self.placed = False
+        self.mm_open = set()  # PSUM views matmuls wrote that nothing has read since (isa.py)
         if kind in ("sbuf", "psum"):
             trace.alloc_tile(self)
             self.placed = True

@@ -174,9 +174,10 @@ def _float_dtype(x, dtype):
 def nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
               is_transpose=False, mask=None, accumulate=None, perf_mode=None, dst=None, **_):
     """stationary[K, M]^T @ moving[K, N] -> PSUM [M, N] float32. With dst (0.x), accumulate=None
-    accumulates onto a matmul result the destination holds that nothing has read yet (a K loop
-    into one PSUM tile), True always, False never. perf_mode double_row (float8 operands
-    [K, 2, M] and [K, 2, N]: two rows of K per partition) sums over both."""
+    accumulates onto a matmul result those PSUM locations hold that nothing has read yet (a K
+    loop into one PSUM tile; NKI: first write overwrites, later writes accumulate), True always,
+    False never. perf_mode double_row (float8 operands [K, 2, M] and [K, 2, N]: two rows of K
+    per partition) sums over both."""
     mode = str(getattr(perf_mode, "value", perf_mode) or "none")
     rows = [(stationary, moving)]
     if mode.startswith("double_row"):
@@ -193,12 +194,13 @@ def nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezero
     for s, m in rows:
         _emit.check_matmul(s, m)
     out = _out(dst, (rows[0][0].shape[1], rows[0][1].shape[1]), "float32", "psum")
+    where = (out.offset, out.strides, out.shape)
     acc = accumulate
     if acc is None:
-        acc = dst is not None and getattr(out._buf, "mm_open", False)
+        acc = dst is not None and where in out._buf.mm_open
     for r, (s, m) in enumerate(rows):
         _emit.emit_matmul(out, s, m, accumulate=bool(acc) or r > 0)
-    out._buf.mm_open = True
+    out._buf.mm_open.add(where)  # until an instruction reads the tile (_emit.emit)
     return out
 
 
@@ -453,9 +455,16 @@ def reciprocal(data, dtype=None, mask=None, dst=None, **_):
 
 
 @_generations(2, tile_first_is_dst=True)
-def iota(expr, dtype, mask=None, dst=None, **_):
+def iota(expr=None, dtype=None, mask=None, dst=None, pattern=None, offset=0,
+         channel_multiplier=0, **_):
     """The values of an index expression (e.g. nl.arange(128)[:, None] * 4 + nl.arange(64)[None,
-    :]) as a tile."""
+    :]) as a tile; 0.x: iota(dst, pattern=[[step, num], ...], offset, channel_multiplier), value
+    offset + p * channel_multiplier + sum(i_k * step_k) over dst's partitions p and the pattern's
+    nested counts (outermost first) walking dst's elements in order."""
+    if isinstance(expr, (list, tuple)):
+        expr, pattern = None, expr
+    if pattern is not None:
+        return _iota_pattern(dst, pattern, offset, channel_multiplier, mask)
     if isinstance(expr, (int, np.integer)):
         expr = IndexExpr((1, 1), int(expr), (0, 0))
     if not isinstance(expr, IndexExpr):
@@ -465,10 +474,39 @@ def iota(expr, dtype, mask=None, dst=None, **_):
     return out
 
 
+def _iota_pattern_expr(dst, pattern, offset, channel_multiplier, what):
+    """offset + p * channel_multiplier + sum(i_k * step_k) over (P, num_0, num_1, ...)."""
+    steps = [int(s) for s, _ in pattern]
+    counts = [int(n) for _, n in pattern]
+    P, n = dst.shape[0], int(np.prod(counts, dtype=np.int64))
+    if n * P != dst.size:
+        fail(f"nisa.{what}: the pattern {[list(p) for p in pattern]} has {n} elements, dst "
+             f"{list(dst.shape)} has {dst.size // P} per partition")
+    return IndexExpr((P, *counts), offset, (channel_multiplier, *steps))
+
+
+def _iota_pattern(dst, pattern, offset, channel_multiplier, mask):
+    if dst is None:
+        fail("nisa.iota(pattern=...) writes into dst= (the 0.x form)")
+    expr = _iota_pattern_expr(dst, pattern, offset, channel_multiplier, "iota")
+    _emit.copy_into(dst.reshape(expr.shape), expr, mask=mask)
+    return dst
+
+
 @_generations(3)
-def affine_select(pred, on_true_tile, on_false_value, mask=None, dtype=None, dst=None, **_):
+def affine_select(pred=None, on_true_tile=None, on_false_value=None, mask=None, dtype=None,
+                  dst=None, pattern=None, channel_multiplier=0, cmp_op=None, offset=0, **_):
     """on_true_tile where the affine condition `pred` (on index expressions) holds, else
-    on_false_value (e.g. a causal mask: nisa.affine_select(i_q >= i_k, scores, -9984.0))."""
+    on_false_value (e.g. a causal mask: nisa.affine_select(i_q >= i_k, scores, -9984.0)).
+    0.x: affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value,
+    cmp_op=nl.equal, offset=0): the condition cmp_op(a, 0) of iota's affine value a."""
+    if isinstance(pred, (list, tuple)):  # 0.x positional, dst already taken
+        pattern, pred = pred, None
+        channel_multiplier, on_true_tile, on_false_value = on_true_tile, on_false_value, mask
+        mask = None
+    if pattern is not None:
+        return _affine_select_pattern(dst, pattern, channel_multiplier, on_true_tile,
+                                      on_false_value, cmp_op or nl.equal, offset)
     if not isinstance(pred, Pred):
         fail("nisa.affine_select takes a condition on index expressions as its predicate")
     S = on_true_tile.shape
@@ -478,6 +516,31 @@ def affine_select(pred, on_true_tile, on_false_value, mask=None, dtype=None, dst
         neg = Pred(pred.shape, [(-c - 1, [-x for x in k])])
         _emit.copy_into(out, on_false_value, mask=neg if mask is None else (neg & mask))
     return out
+
+
+# a >= 0 conditions (const, coef of a) whose conjunction fails cmp_op(a, 0): the false lanes
+_AFFINE_FALSE = {
+    "equal": [[(-1, -1)], [(-1, 1)]], "not_equal": [[(0, 1), (0, -1)]],
+    "greater_equal": [[(-1, -1)]], "greater": [[(0, -1)]],
+    "less_equal": [[(-1, 1)]], "less": [[(0, 1)]],
+}
+
+
+def _affine_select_pattern(dst, pattern, channel_multiplier, on_true_tile, on_false_value,
+                           cmp_op, offset):
+    if dst is None:
+        fail("nisa.affine_select(pattern=...) writes into dst= (the 0.x form)")
+    name = _op_name(cmp_op)
+    if name not in _AFFINE_FALSE:
+        fail(f"nisa.affine_select: cmp_op {name!r} is not a comparison "
+             f"({', '.join(sorted(_AFFINE_FALSE))})")
+    a = _iota_pattern_expr(dst, pattern, offset, channel_multiplier, "affine_select")
+    view = dst.reshape(a.shape)
+    _emit.copy_into(view, on_true_tile.reshape(a.shape))
+    for conj in _AFFINE_FALSE[name]:
+        fails = Pred(a.shape, [(c + s * a.const, [s * k for k in a.coefs]) for c, s in conj])
+        _emit.copy_into(view, float(on_false_value), mask=fails)
+    return dst
 
 
 @_generations(3, tile_first_is_dst=True)
@@ -878,6 +941,24 @@ def local_gather(*args, mask=None, **kwargs):
              f"in each of {p} partitions")
     _emit.emit_gather(out.reshape((p, n_valid, n_elem)), src, index, n_valid, n_elem)
     return out if dst is None else None
+
+
+# --- between the NeuronCores of a logical NeuronCore ---------------------------------------------
+
+def _between_cores(what, alone_ok=False):
+    def call(*_, **__):
+        if alone_ok and int(np.prod(_trace.current().grid, dtype=np.int64)) <= 1:
+            return  # one NeuronCore: every core named has arrived
+        fail(f"nisa.{what} exchanges data between the NeuronCores of a kernel[lnc] launch; the "
+             f"neuron NKI executor runs a launch's instances independently and has no "
+             f"{what}: launch it on one NeuronCore (kernel[1]) or use a path of the kernel that "
+             f"keeps each instance's data to itself")
+    call.__name__ = what
+    return call
+
+
+core_barrier = _between_cores("core_barrier", alone_ok=True)
+sendrecv = _between_cores("sendrecv")
 
 
 # NOTE: imported last: these modules use the helpers above.

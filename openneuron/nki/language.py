@@ -260,16 +260,20 @@ def shared_constant(constant, dtype=None, **_):
     return NkiTensor(buf)
 
 
-def shared_identity_matrix(n, dtype=np.uint8, **_):
-    """An [n, n] identity matrix in HBM (NKI: shared by the kernel's users of one dtype),
-    e.g. the moving operand that makes nisa.nc_matmul a transpose."""
-    out = ndarray((n, n), dtype, buffer=shared_hbm)
+def shared_identity_matrix(n, dtype=np.uint8, dst=None, **_):
+    """An [n, n] identity matrix: an SBUF tile (dst, when given) for n <= 128, as the current
+    NKI documents it (Beta 1's nl.load of it copies the tile), an HBM tensor beyond; e.g. the
+    moving operand that makes nisa.nc_matmul a transpose."""
+    from openneuron.nki import isa
+    if dst is not None and tuple(dst.shape) != (n, n):
+        fail(f"nl.shared_identity_matrix({n}): dst is {list(dst.shape)}, not [{n}, {n}]")
+    out = dst if dst is not None else ndarray((n, n), dtype, buffer=sbuf if n <= 128
+                                              else shared_hbm)
     jf = arange(n)[None, :]
     for p0 in range(0, n, 128):
         ip = arange(builtins.min(128, n - p0))[:, None]
-        from openneuron.nki import isa
         rows = isa.iota(p0 + ip - jf, dtype=np.float32)
-        _emit.copy_into(out[p0 + ip, jf], equal(rows, 0.0, dtype=dtype), allow_hbm=True)
+        _emit.copy_into(out[p0 + ip, jf], equal(rows, 0.0, dtype=out.dtype), allow_hbm=True)
     return out
 
 

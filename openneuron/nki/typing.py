@@ -1,5 +1,6 @@
-"""`neuronxcc.nki.typing` (through openneuron.nki.alias()): the shape annotations NKI's examples
-write on tiles, `src: nt.tensor[128, 512] = nl.load(src_tensor)`. Annotations only: Python does
+"""`neuronxcc.nki.typing` / `nki.typing` (through openneuron.nki.alias()): the shape annotations
+NKI's examples write on tiles, `src: nt.tensor[128, 512] = nl.load(src_tensor)`, and 0.x's
+`nt.mutable_tensor` on parameters. Annotations only: Python does
 not evaluate a local variable's annotation, and `tensor[...]` checks nothing when it is."""
 
 
@@ -14,3 +15,4 @@ class _TensorAnnotation:
 
 
 tensor = _TensorAnnotation()
+mutable_tensor = tensor  # 0.x: a parameter the kernel writes (nki-library's annotation)

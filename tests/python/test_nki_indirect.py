@@ -483,8 +483,6 @@ def test_tracer_refusals():
         trace(lambda s, i, t: nl.load(s.ap([[16, 8], [1, 16]], scalar_offset=t)))
     with pytest.raises(nki.NkiError, match="indirect_dim=1"):
         trace(lambda s, i, t: nl.load(s.ap([[16, 8], [1, 16]], vector_offset=t, indirect_dim=1)))
-    with pytest.raises(nki.NkiError, match="row stride 16"):
-        trace(lambda s, i, t: nl.load(s.ap([[32, 8], [1, 16]], vector_offset=t)))
     with pytest.raises(nki.NkiError, match="only np.add"):
         trace(lambda s, i, t: nl.atomic_rmw(s[t, jf], value=nl.zeros((8, 16), nl.float32),
                                             op=np.multiply))

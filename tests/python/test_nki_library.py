@@ -1,0 +1,232 @@
+# The 0.x forms AWS's NKI kernel library (aws-neuron/nki-library, its `core` kernels) writes,
+# each against numpy: iota / affine_select by access pattern, a returned reshape of an output,
+# operands paired by elements per partition, the identity matrix in SBUF, indirect DMA through a
+# reshaped view, matmul accumulation per PSUM location, core_barrier on one NeuronCore.
+import numpy as np
+import pytest
+
+import openneuron.nki.isa as nisa
+import openneuron.nki.language as nl
+from openneuron import nki
+
+RNG = np.random.default_rng(11)
+
+
+def rand(*shape):
+    return RNG.uniform(-2.0, 2.0, size=shape).astype(np.float32)
+
+
+def test_iota_by_pattern():
+    """offset + p * channel_multiplier + sum(i_k * step_k), the pattern's counts nested
+    outermost first over each partition's elements (keyword and positional 0.x forms)."""
+    @nki.jit
+    def k():
+        out = nl.ndarray((2, 4, 24), dtype=nl.int32, buffer=nl.shared_hbm)
+        t = nl.ndarray((4, 24), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.iota(dst=t, pattern=[[1, 2], [10, 3], [100, 4]], offset=5, channel_multiplier=1000)
+        nisa.dma_copy(dst=out[0], src=t)
+        u = nl.ndarray((4, 2, 12), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.iota(u, [[-3, 24]])
+        nisa.dma_copy(dst=out[1], src=u.reshape((4, 24)))
+        return out
+
+    p, a, b, c = np.ogrid[0:4, 0:2, 0:3, 0:4]
+    want = (5 + 1000 * p + a + 10 * b + 100 * c).reshape(4, 24)
+    got = k()
+    np.testing.assert_array_equal(got[0], want)
+    np.testing.assert_array_equal(got[1], np.broadcast_to(-3 * np.arange(24), (4, 24)))
+
+
+@pytest.mark.parametrize("cmp", ["equal", "not_equal", "greater_equal", "greater", "less",
+                                 "less_equal"])
+def test_affine_select_by_pattern(cmp):
+    """dst = on_true_tile where cmp_op(offset + p * channel_multiplier + pattern, 0), else the
+    false value (the library's identity and causal masks)."""
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        nisa.affine_select(dst=t, pattern=[[1, 16]], channel_multiplier=-1, offset=2,
+                           cmp_op=getattr(nl, cmp), on_true_tile=t, on_false_value=-9.0)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    a = rand(8, 16)
+    p, j = np.ogrid[0:8, 0:16]
+    np.testing.assert_array_equal(k(a), np.where(getattr(np, cmp)(2 + j - p, 0), a, -9.0))
+
+
+def test_returned_reshape_of_an_output():
+    """`return out.reshape(shape)` returns the output in that shape; a part of it is an
+    error."""
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((1, 12), dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=a.reshape((1, 12)))
+        return out.reshape((3, 4, 1))
+
+    a = rand(3, 4)
+    got = k(a)
+    assert got.shape == (3, 4, 1)
+    np.testing.assert_array_equal(got[..., 0], a)
+
+    @nki.jit
+    def part(a):
+        out = nl.ndarray((3, 4), dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=a)
+        return out[0:2]
+
+    with pytest.raises(nki.NkiError, match="a part of the tensor"):
+        part(a)
+
+
+def test_operands_paired_by_elements_per_partition():
+    """0.x instructions pair dst and sources by partition and elements per partition:
+    [8, 1, 16] with [8, 16], [8, 2, 8] with [8, 16] (row-major within the partition), a
+    strided view included."""
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray((8, 3, 16), dtype=a.dtype, buffer=nl.shared_hbm)
+        x = nl.ndarray((8, 16), dtype=a.dtype, buffer=nl.sbuf)
+        y = nl.ndarray((8, 2, 8), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=a)
+        nisa.dma_copy(dst=y, src=b)
+        r = nl.ndarray((8, 3, 16), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r[:, 0:1, :], data1=x, data2=y, op=nl.add)
+        nisa.tensor_copy(dst=r[:, 1, :], src=r.ap([[48, 8], [1, 1], [1, 16]]))
+        nisa.tensor_scalar(dst=r.ap([[48, 8], [1, 1], [1, 16]], offset=32), data=y,
+                           op0=nl.multiply, operand0=2.0)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+
+    a, b = rand(8, 16), rand(8, 2, 8)
+    got = k(a, b)
+    s = a + b.reshape(8, 16)
+    np.testing.assert_array_equal(got[:, 0], s)
+    np.testing.assert_array_equal(got[:, 1], s)
+    np.testing.assert_array_equal(got[:, 2], 2.0 * b.reshape(8, 16))
+
+
+def test_shared_identity_matrix_is_an_sbuf_tile():
+    """0.x: the identity is an SBUF tile, the moving operand of a transpose as it is (or written
+    into dst=)."""
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((32, 64), dtype=a.dtype, buffer=nl.shared_hbm)
+        eye = nl.shared_identity_matrix(64, dtype=nl.float32)
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        ps = nl.ndarray((32, 64), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=t, moving=eye, is_transpose=True)
+        eye2 = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nl.shared_identity_matrix(64, dtype=nl.float32, dst=eye2)
+        ps2 = nl.ndarray((32, 64), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps2, stationary=t, moving=eye2)
+        r = nl.ndarray((32, 64), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r, data1=ps, data2=ps2, op=nl.add)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+
+    a = rand(64, 32)
+    np.testing.assert_allclose(k(a), 2 * a.T, rtol=1e-6)
+
+
+def test_indirect_scatter_into_a_reshaped_view():
+    """router_topk's scatter: a 1-D reshape of the output, absolute element indices from a
+    [P, 1, 1] column view, the index in place of the first pair's step."""
+    T, E, K = 8, 16, 2
+
+    @nki.jit
+    def k(vals, idx, out):
+        v = nl.ndarray((T, K), dtype=vals.dtype, buffer=nl.sbuf)
+        i = nl.ndarray((T, K), dtype=nl.uint32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=v, src=vals)
+        nisa.dma_copy(dst=i, src=idx)
+        flat = out.reshape((T * E,))
+        for j in range(K):
+            col = i.ap(pattern=[[K, T], [1, 1], [1, 1]], offset=j)
+            nisa.dma_copy(dst=flat.ap([[K * 3, T], [1, 1]], vector_offset=col, indirect_dim=0),
+                          src=v.ap([[K, T], [1, 1]], offset=j))
+        return out
+
+    experts = np.stack([RNG.choice(E, K, replace=False) for _ in range(T)])
+    idx = (np.arange(T)[:, None] * E + experts).astype(np.uint32)
+    vals = rand(T, K)
+    got = k(vals, idx, np.zeros((T, E), np.float32))
+    want = np.zeros((T, E), np.float32)
+    np.put_along_axis(want, experts, vals, axis=1)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_matmul_accumulates_per_psum_location():
+    """accumulate=None: the first matmul into a PSUM location overwrites, later ones add (router
+    _topk's column tiles at partitions 0 and 32 of one PSUM tile); a read ends the group."""
+    @nki.jit
+    def k(x, w):
+        out = nl.ndarray((2, 48, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        xs = nl.ndarray((128, 4, 16), dtype=x.dtype, buffer=nl.sbuf)
+        ws = nl.ndarray((128, 4, 64), dtype=w.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xs, src=x)
+        nisa.dma_copy(dst=ws, src=w)
+        ps = nl.ndarray((48, 64), dtype=nl.float32, buffer=nl.psum)
+        for h in range(4):  # h even -> partitions 0..15, odd -> 32..47
+            nisa.nc_matmul(dst=ps[nl.ds(32 * (h % 2), 16), :], stationary=xs[:, h, :],
+                           moving=ws[:, h, :])
+        r = nl.ndarray((48, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=r, value=0.0)
+        nisa.tensor_copy(dst=r[0:16, :], src=ps[0:16, :])
+        nisa.tensor_copy(dst=r[32:48, :], src=ps[32:48, :])
+        nisa.dma_copy(dst=out[0], src=r)
+        nisa.nc_matmul(dst=ps[nl.ds(0, 16), :], stationary=xs[:, 0, :], moving=ws[:, 0, :])
+        nisa.tensor_copy(dst=r[0:16, :], src=ps[0:16, :])
+        nisa.dma_copy(dst=out[1], src=r)
+        return out
+
+    x, w = rand(128, 4, 16), rand(128, 4, 64)
+    got = k(x, w)
+    prod = np.einsum("khm,khn->hmn", x.astype(np.float64), w.astype(np.float64))
+    np.testing.assert_allclose(got[0, 0:16], prod[0] + prod[2], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got[0, 32:48], prod[1] + prod[3], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got[1, 0:16], prod[0], rtol=1e-5, atol=1e-4)
+
+
+def test_core_barrier_on_one_core_and_collectives():
+    """nisa.core_barrier with one NeuronCore has nothing to wait for; across a kernel[2] launch
+    (and nisa.sendrecv) it is an error naming the line."""
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=a)
+        nisa.core_barrier(out, (0, 1))
+        return out
+
+    a = rand(4, 8)
+    np.testing.assert_array_equal(k[1](a), a)
+    with pytest.raises(nki.NkiError, match=r"test_nki_library.py:\d+.*core_barrier"):
+        k[2](a)
+
+    @nki.jit
+    def send(a):
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.sendrecv(src=t, dst=t, send_to_rank=1, recv_from_rank=1, pipe_id=0)
+
+    with pytest.raises(nki.NkiError, match="sendrecv"):
+        send[2](a)
+
+
+def test_library_annotations():
+    """nki.dtype and nki.typing's mutable_tensor, as the library annotates parameters."""
+    from openneuron.nki import typing as nt
+
+    @nki.jit
+    def k(a: nt.mutable_tensor, dtype: nki.dtype = nl.bfloat16):
+        out = nl.ndarray(a.shape, dtype=dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    a = rand(4, 8)
+    assert nki.dtype is np.dtype
+    np.testing.assert_array_equal(k(a, dtype=nl.float32), a)
