@@ -448,7 +448,12 @@ def broadcast_shape(*xs):
     except ValueError:
         sizes = {int(np.prod(s, dtype=np.int64)) for s in shapes}
         if len(sizes) == 1 and len({s[0] for s in shapes if s}) == 1:
-            return tuple(shapes[0])  # 0.x: the same elements per partition, walked in order
+            # 0.x: the same elements per partition, walked in order: the first shape (most axes
+            # first) every operand's strides can walk
+            tiles = [x for x in xs if isinstance(x, NkiTensor)]
+            for cand in sorted({tuple(s) for s in shapes}, key=lambda s: -len(s)):
+                if all(tuple(x.shape) == cand or x.as_shape(cand) is not None for x in tiles):
+                    return cand
         fail(f"operands of shapes {[list(s) for s in shapes]} do not broadcast")
 
 

@@ -66,12 +66,14 @@ def _per_partition(name, what, x, p):
     return float(x)
 
 
-def _same_rows(name, what, x, p, f):
-    """x as a [p, f] view (same partitions, same elements per partition)."""
-    v = _flat(x, name, what)
-    if tuple(v.shape) != (p, f):
+def _same_rows(name, what, x, p, f, shape=None):
+    """x as a [p, f] view, or a view of `shape` (p partitions of f elements), pairing the
+    same partitions and elements per partition in order."""
+    shape = (p, f) if shape is None else tuple(shape)
+    if x.shape[0] != p or x.size != p * f:
         fail(f"nisa.{name}: {what} {list(x.shape)} must have {p} partitions of {f} elements")
-    return v
+    v = x if tuple(x.shape) == shape else x.as_shape(shape)
+    return _flat(x, name, what) if v is None else v
 
 
 # --- the engines' accumulator registers ---------------------------------------------------------
@@ -287,12 +289,12 @@ def tensor_copy_predicated(*args, **kwargs):
     if dst is None:
         fail(f"nisa.{name}: dst is required (the tile written where predicate holds)")
     dst = _tile(name, "dst", dst)
-    d = _flat(dst, name, "dst")
-    p, f = d.shape
+    d = dst.as_shape((dst.shape[0], dst.size // max(dst.shape[0], 1))) or dst  # N-D if strided
+    p, f = dst.shape[0], dst.size // max(dst.shape[0], 1)
     pred = _tile(name, "predicate", v["predicate"])
     if pred._buf.dtype not in ("uint8", "uint16", "uint32"):
         fail(f"nisa.{name}: predicate dtype {pred._buf.dtype}; it must be uint8, uint16 or uint32")
-    pr = _same_rows(name, "predicate", pred, p, f)
+    pr = _same_rows(name, "predicate", pred, p, f, d.shape)
     if v["dtype"] is not None and _trace.dtype_name(v["dtype"]) != dst._buf.dtype:
         fail(f"nisa.{name}: dtype {_trace.dtype_name(v['dtype'])} differs from dst's "
              f"{dst._buf.dtype}; the copy does not convert")
@@ -303,7 +305,7 @@ def tensor_copy_predicated(*args, **kwargs):
             fail(f"nisa.{name}: src dtype {src._buf.dtype} differs from dst's {dst._buf.dtype}")
         if src._buf.kind == "psum" and pred._buf.kind == "psum":
             fail(f"nisa.{name}: src and predicate cannot both be in PSUM")
-        src = _same_rows(name, "src", src, p, f)
+        src = _same_rows(name, "src", src, p, f, d.shape)
     elif not isinstance(src, (int, float, np.number)) or isinstance(src, bool):
         fail(f"nisa.{name}: src must be a tile or a number, got {type(src).__name__}")
     else:
@@ -312,7 +314,7 @@ def tensor_copy_predicated(*args, **kwargs):
     cond = e.src(pr)
     if v["reverse_pred"]:
         cond = e.op("logical_not", cond)
-    emit(d, (p, f), e, e.op("select", cond, e.src(src), e.src(d)), mask=v["mask"])
+    emit(d, d.shape, e, e.op("select", cond, e.src(src), e.src(d)), mask=v["mask"])
 
 
 # --- nc_match_replace8 ---------------------------------------------------------------------------

@@ -6,8 +6,10 @@ current stream (asynchronous, like any op), on numpy arrays or CPU tensors run s
 from __future__ import annotations
 
 import collections
+import dataclasses
 import inspect
 import itertools
+import pickle
 import time
 
 import numpy as np
@@ -36,6 +38,30 @@ def _is_array(x) -> bool:
 
 def _arg_dtype(x) -> str:
     return _trace.dtype_name(x.dtype)
+
+
+def _value_key(a):
+    """A hashable key of an unhashable constant's value, or None."""
+    try:
+        hash(a)
+        return (type(a), a)
+    except TypeError:
+        pass
+    if isinstance(a, np.ndarray):
+        return (np.ndarray, a.shape, a.dtype.str, a.tobytes())
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        items = [(f.name, getattr(a, f.name)) for f in dataclasses.fields(a)]
+    elif isinstance(a, dict):
+        items = sorted(a.items(), key=repr)
+    elif isinstance(a, (list, tuple, set)):
+        items = list(enumerate(sorted(a, key=repr) if isinstance(a, set) else a))
+    else:
+        try:
+            return (type(a), pickle.dumps(a))
+        except (pickle.PicklingError, TypeError, AttributeError):
+            return None
+    keys = [(k, _value_key(v)) for k, v in items]
+    return None if any(v is None for _, v in keys) else (type(a), tuple(keys))
 
 
 class Traced:
@@ -298,9 +324,13 @@ class Kernel:
                 return ("array", tuple(int(s) for s in a.shape), _arg_dtype(a))
             try:
                 hash(a)
-            except TypeError:
-                raise NkiError(f"kernel '{self.__name__}': argument {a!r} is neither an array nor "
-                               f"a hashable constant") from None
+            except TypeError:  # a config object (nki-library's dataclasses), a list: by value
+                key = _value_key(a)
+                if key is None:
+                    raise NkiError(f"kernel '{self.__name__}': argument {a!r} is neither an "
+                                   f"array nor a constant (hashable, a dataclass, a list, a "
+                                   f"dict or picklable)") from None
+                return ("value", key)
             return ("const", type(a).__name__, a)
 
         return (self.grid, tuple(sig(a) for a in args),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import types
 
 import numpy as np
@@ -140,12 +141,17 @@ def _generations(beta1_positional: int, tile_first_is_dst: bool = False,
     """Routes a 0.x destination-first call to the Beta 1 body with dst=."""
 
     def wrap(fn):
+        names = list(inspect.signature(fn).parameters)
+
         @functools.wraps(fn)
         def call(*args, **kwargs):
             dst = kwargs.pop("dst", None)
             two_tiles = len(args) > 1 and isinstance(args[1], NkiTensor)
+            # a keyword naming a parameter the positional arguments already fill: 0.x's dst
+            # first, the rest by keyword (nisa.tensor_copy(dst, src=x))
+            shifted = any(k in names[:len(args)] for k in kwargs)
             if dst is None and args and isinstance(args[0], NkiTensor) and (
-                    len(args) > beta1_positional or tile_first_is_dst
+                    len(args) > beta1_positional or tile_first_is_dst or shifted
                     or (two_tiles_is_dst and two_tiles)):
                 dst, args = args[0], args[1:]
             out = fn(*args, dst=dst, **kwargs)
@@ -729,7 +735,7 @@ def _flat(t, name, what):
     if t.ndim == 2:
         return t
     free = int(np.prod(t.shape[1:], dtype=np.int64)) if t.ndim > 1 else 1
-    return t.reshape((t.shape[0], free))
+    return t.as_shape((t.shape[0], free)) or t.reshape((t.shape[0], free))
 
 
 def _column(t, p):

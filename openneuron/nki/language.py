@@ -7,6 +7,7 @@ checked as each call is recorded, with errors naming the kernel's line."""
 from __future__ import annotations
 
 import builtins
+import os
 
 import numpy as np
 
@@ -245,10 +246,12 @@ class no_reorder:
 
 
 def shared_constant(constant, dtype=None, **_):
-    """An HBM tensor holding `constant` (an array known when the kernel is traced), in dtype
-    (the array's own by default). It reaches the device as a hidden input of the traced
+    """An HBM tensor holding `constant` (an array known when the kernel is traced, or a .npy
+    file), in dtype (the array's own by default). It reaches the device as a hidden input of the traced
     program, copied once per device and kept with the program; read-only."""
     from openneuron.nki._tensor import numpy_dtype
+    if isinstance(constant, (str, os.PathLike)):  # 0.x: a path to a .npy file
+        constant = np.load(constant)
     data = np.asarray(constant)
     name = _trace.dtype_name(dtype if dtype is not None else data.dtype)
     npdt = numpy_dtype(name)

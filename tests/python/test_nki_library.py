@@ -230,3 +230,116 @@ def test_library_annotations():
     a = rand(4, 8)
     assert nki.dtype is np.dtype
     np.testing.assert_array_equal(k(a, dtype=nl.float32), a)
+
+
+def test_destination_first_then_keywords():
+    """0.x calls with dst positional and the rest by keyword (attention_tkg's
+    nisa.tensor_tensor(dst, a, b, op=...), nisa.tensor_copy(dst, src=...))."""
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray((3, 8, 16), dtype=a.dtype, buffer=nl.shared_hbm)
+        x = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        y = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(x, src=a)
+        nisa.dma_copy(y, src=b)
+        r = nl.ndarray((8, 3, 16), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(r[:, 0, :], x, y, op=nl.subtract)
+        nisa.tensor_copy(r[:, 1, :], src=x)
+        ps = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.psum)
+        eye = nl.shared_identity_matrix(8, dtype=nl.float32)
+        nisa.nc_matmul(ps, stationary=eye, moving=y)
+        nisa.tensor_copy(r[:, 2, :], src=ps)
+        for i in range(3):
+            nisa.dma_copy(out[i], src=r[:, i, :])
+        return out
+
+    a, b = rand(8, 16), rand(8, 16)
+    got = k(a, b)
+    np.testing.assert_array_equal(got[0], a - b)
+    np.testing.assert_array_equal(got[1], a)
+    np.testing.assert_allclose(got[2], b, rtol=1e-6)
+
+
+def test_broadcast_view_paired_with_a_flat_tile():
+    """A stride-0 broadcast view [P, 8, 20] against a [P, 160] tile (attention_tkg's
+    qk - max): the walk in order picks the shape both can be strided as."""
+    @nki.jit
+    def k(qk, mx):
+        out = nl.ndarray(qk.shape, dtype=qk.dtype, buffer=nl.shared_hbm)
+        q = nl.ndarray(qk.shape, dtype=qk.dtype, buffer=nl.sbuf)
+        m = nl.ndarray(mx.shape, dtype=mx.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=q, src=qk)
+        nisa.dma_copy(dst=m, src=mx)
+        nisa.tensor_tensor(q, q, m.ap([[20, 16], [0, 8], [1, 20]]), op=nl.subtract)
+        nisa.dma_copy(dst=out, src=q)
+        return out
+
+    qk, mx = rand(16, 160), rand(16, 20)
+    want = (qk.reshape(16, 8, 20) - mx[:, None, :]).reshape(16, 160)
+    np.testing.assert_array_equal(k(qk, mx), want)
+
+
+def test_predicated_copy_of_strided_views():
+    """nisa.tensor_copy_predicated on views whose free axes do not merge (a slice of every
+    other block): the copy runs over their own axes."""
+    @nki.jit
+    def k(src, pred, dst):
+        s = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
+        p = nl.ndarray(pred.shape, dtype=nl.uint8, buffer=nl.sbuf)
+        d = nl.ndarray(dst.shape, dtype=dst.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=s, src=src)
+        nisa.dma_copy(dst=p, src=pred)
+        nisa.dma_copy(dst=d, src=dst)
+        nisa.tensor_copy_predicated(dst=d[:, 0:4:2, :], src=s[:, 1:4:2, :], predicate=p[:, 0:2, :])
+        nisa.dma_copy(dst=dst, src=d)
+        return dst
+
+    src, dst = rand(8, 4, 6), rand(8, 4, 6)
+    pred = (RNG.uniform(size=(8, 4, 6)) > 0.5).astype(np.uint8)
+    want = dst.copy()
+    want[:, 0:4:2] = np.where(pred[:, 0:2] != 0, src[:, 1:4:2], dst[:, 0:4:2])
+    np.testing.assert_array_equal(k(src, pred, dst.copy()), want)
+
+
+def test_shared_constant_from_a_npy_file(tmp_path):
+    """nl.shared_constant(path): the current API's .npy file (rotational_topk's rotation
+    matrices)."""
+    c = rand(4, 8)
+    path = tmp_path / "c.npy"
+    np.save(path, c)
+
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=nl.shared_constant(str(path)))
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    np.testing.assert_array_equal(k(c * 0), c)
+
+
+def test_config_object_arguments_keyed_by_value():
+    """An unhashable constant argument (the library's config dataclasses) keys the trace by
+    its value: the same values reuse the program, a changed field traces again."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Cfg:
+        scale: float
+        rows: list
+
+    @nki.jit
+    def k(a, cfg):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=cfg.scale * len(cfg.rows))
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    a = rand(4, 8)
+    np.testing.assert_array_equal(k(a, Cfg(2.0, [1])), 2 * a)
+    np.testing.assert_array_equal(k(a, Cfg(2.0, [1])), 2 * a)
+    np.testing.assert_array_equal(k(a, Cfg(2.0, [1, 2])), 4 * a)
+    assert len(k._cache) == 2
