@@ -169,6 +169,21 @@ def _check_partitions(name, x: NkiTensor, op: Operand, extent, scale, lo, hi):
              f"each partition (along a free axis)")
 
 
+def _refit(dst: NkiTensor, S, expr: Expr):
+    """0.x: dst and a result of S's partitions and elements per partition, walked in order:
+    dst strided as S, or else S taken as dst's shape where every tile operand walks it."""
+    d = dst.as_shape(S)
+    if d is not None:
+        return d, S
+    shape = tuple(dst.shape)
+    tiles = [x for x in expr.srcs if isinstance(x, NkiTensor)]
+    if shape and S and shape[0] == S[0] and dst.size == int(np.prod(S, dtype=np.int64)) and \
+            all(tuple(x.shape) == shape or x.as_shape(shape) is not None or
+                _broadcasts(x.shape, shape) for x in tiles):
+        return dst, shape
+    return dst, S
+
+
 def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None, mask=None,
          accumulate=None, nreduce=0, reduce_op="add", post_scale=1.0, allow_hbm=False, kind=0,
          dynamic=None, oob_skip=False):
@@ -183,6 +198,8 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
     NKI's oob_mode.skip, instead of an error)."""
     t = _trace.current()
     S = tuple(int(s) for s in S)
+    if space_dims is None and dst_map is None and nreduce == 0 and tuple(dst.shape) != S:
+        dst, S = _refit(dst, S, expr)
     space_dims = list(range(len(S))) if space_dims is None else list(space_dims)
     dst_map = list(range(len(S))) if dst_map is None else list(dst_map)
     if not space_dims:  # a 0-d value: one lane
@@ -216,14 +233,12 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
             srcs.append(Operand(1, "float32", value=float(x)))
     if dst._buf.kind == "hbm" and not allow_hbm:
         fail("compute engines write SBUF/PSUM tiles; store to HBM with nl.store / nisa.dma_copy")
-    if nreduce == 0 and dst_map == list(range(len(S))) and tuple(dst.shape) != S:
-        dst = dst.as_shape(S) or dst  # 0.x: the same elements per partition
     dstrides = []
     for i, m in enumerate(dst_map):
         if m is None:
             dstrides.append(0)
         else:
-            if dst.shape[m] != extent[i]:
+            if m >= dst.ndim or dst.shape[m] != extent[i]:
                 fail(f"result of shape {list(S)} does not fit the destination "
                      f"{list(dst.shape)}")
             dstrides.append(dst.strides[m])
@@ -440,20 +455,21 @@ def shape_of(x):
 
 
 def broadcast_shape(*xs):
-    """NKI's broadcasting: shapes aligned on the partition (first) axis."""
+    """NKI's broadcasting: shapes aligned on the partition (first) axis. Tiles of different
+    shapes with the same partitions and elements per partition (0.x) are walked in order: the
+    shape (most axes first) every tile's strides can walk."""
     shapes = [shape_of(x) for x in xs]
+    tiles = [x for x in xs if isinstance(x, NkiTensor)]
+    tshapes = sorted({tuple(x.shape) for x in tiles}, key=lambda s: -len(s))
+    if len(tshapes) > 1 and len({x.size for x in tiles}) == 1 and \
+            len({s[0] for s in tshapes if s}) == 1:
+        for cand in tshapes:
+            if all(tuple(x.shape) == cand or x.as_shape(cand) is not None for x in tiles):
+                return cand
     n = max(len(s) for s in shapes)
     try:
         return tuple(np.broadcast_shapes(*[tuple(s) + (1,) * (n - len(s)) for s in shapes]))
     except ValueError:
-        sizes = {int(np.prod(s, dtype=np.int64)) for s in shapes}
-        if len(sizes) == 1 and len({s[0] for s in shapes if s}) == 1:
-            # 0.x: the same elements per partition, walked in order: the first shape (most axes
-            # first) every operand's strides can walk
-            tiles = [x for x in xs if isinstance(x, NkiTensor)]
-            for cand in sorted({tuple(s) for s in shapes}, key=lambda s: -len(s)):
-                if all(tuple(x.shape) == cand or x.as_shape(cand) is not None for x in tiles):
-                    return cand
         fail(f"operands of shapes {[list(s) for s in shapes]} do not broadcast")
 
 

@@ -477,14 +477,16 @@ class NkiTensor:
             return  # `t[i] += x` writes in place, then assigns the view to itself
         _emit.copy_into(dst, value, allow_hbm=dst._buf.kind == "hbm")
 
-    def as_shape(self, shape):
+    def as_shape(self, shape, keep_partitions=True):
         """This view's elements, in order within each partition, as a view of `shape` with the
         same partition count (0.x instructions pair operands by element count per partition,
-        [8, 1, 128] with [8, 128]); None where no strides walk them so (numpy's reshape
-        without a copy) or the view carries checks or run-time indices."""
+        [8, 1, 128] with [8, 128]; a DMA, keep_partitions=False, pairs elements alone); None
+        where no strides walk them so (numpy's reshape without a copy) or the view carries
+        checks or run-time indices."""
         shape = tuple(int(n) for n in shape)
         if self.checks or self.ind is not None or self.dyn is not None or not shape or \
-                shape[0] != self.shape[0] or int(np.prod(shape, dtype=np.int64)) != self.size:
+                (keep_partitions and shape[0] != self.shape[0]) or \
+                int(np.prod(shape, dtype=np.int64)) != self.size:
             return None
         strides = _restride(self.shape, self.strides, shape)
         return None if strides is None else NkiTensor(self._buf, self.offset, shape, strides)

@@ -16,7 +16,7 @@ import numpy as np
 from openneuron.nki import _emit, _trace
 from openneuron.nki import language as nl
 from openneuron.nki._emit import Expr, broadcast_shape, emit, new_buffer, reduce_into
-from openneuron.nki._tensor import IndexExpr, NkiTensor, Pred
+from openneuron.nki._tensor import IndexExpr, NkiTensor, Pred, _restride
 from openneuron.nki._trace import fail
 
 
@@ -481,21 +481,28 @@ def iota(expr=None, dtype=None, mask=None, dst=None, pattern=None, offset=0,
 
 
 def _iota_pattern_expr(dst, pattern, offset, channel_multiplier, what):
-    """offset + p * channel_multiplier + sum(i_k * step_k) over (P, num_0, num_1, ...)."""
+    """(dst's view, the affine value offset + p * channel_multiplier + sum(i_k * step_k)) over
+    (P, num_0, num_1, ...), or over dst's own axes where its strides do not walk those."""
     steps = [int(s) for s, _ in pattern]
     counts = [int(n) for _, n in pattern]
     P, n = dst.shape[0], int(np.prod(counts, dtype=np.int64))
     if n * P != dst.size:
         fail(f"nisa.{what}: the pattern {[list(p) for p in pattern]} has {n} elements, dst "
              f"{list(dst.shape)} has {dst.size // P} per partition")
-    return IndexExpr((P, *counts), offset, (channel_multiplier, *steps))
+    view = dst.as_shape((P, *counts))
+    if view is not None:
+        return view, IndexExpr((P, *counts), offset, (channel_multiplier, *steps))
+    coefs = _restride(counts, steps, dst.shape[1:])  # the pattern walked as dst's free axes
+    if coefs is None:
+        return dst.reshape((P, *counts)), None  # fails, saying why
+    return dst, IndexExpr(dst.shape, offset, (channel_multiplier, *coefs))
 
 
 def _iota_pattern(dst, pattern, offset, channel_multiplier, mask):
     if dst is None:
         fail("nisa.iota(pattern=...) writes into dst= (the 0.x form)")
-    expr = _iota_pattern_expr(dst, pattern, offset, channel_multiplier, "iota")
-    _emit.copy_into(dst.reshape(expr.shape), expr, mask=mask)
+    view, expr = _iota_pattern_expr(dst, pattern, offset, channel_multiplier, "iota")
+    _emit.copy_into(view, expr, mask=mask)
     return dst
 
 
@@ -540,9 +547,8 @@ def _affine_select_pattern(dst, pattern, channel_multiplier, on_true_tile, on_fa
     if name not in _AFFINE_FALSE:
         fail(f"nisa.affine_select: cmp_op {name!r} is not a comparison "
              f"({', '.join(sorted(_AFFINE_FALSE))})")
-    a = _iota_pattern_expr(dst, pattern, offset, channel_multiplier, "affine_select")
-    view = dst.reshape(a.shape)
-    _emit.copy_into(view, on_true_tile.reshape(a.shape))
+    view, a = _iota_pattern_expr(dst, pattern, offset, channel_multiplier, "affine_select")
+    _emit.copy_into(view, on_true_tile.as_shape(a.shape) or on_true_tile.reshape(a.shape))
     for conj in _AFFINE_FALSE[name]:
         fails = Pred(a.shape, [(c + s * a.const, [s * k for k in a.coefs]) for c, s in conj])
         _emit.copy_into(view, float(on_false_value), mask=fails)
@@ -660,7 +666,14 @@ def dma_copy(*args, dst=None, src=None, mask=None, dge_mode=None, oob_mode=None,
     if tuple(dst.shape) != tuple(src.shape):
         if int(np.prod(dst.shape)) != int(np.prod(src.shape)):
             fail(f"dma_copy shapes differ: dst {list(dst.shape)}, src {list(src.shape)}")
-        if src._buf.kind == "hbm":
+        # the DMA moves elements in order: either side strided as the other's shape
+        s2 = src.as_shape(dst.shape, keep_partitions=False)
+        d2 = None if s2 is not None else dst.as_shape(src.shape, keep_partitions=False)
+        if s2 is not None:
+            src = s2
+        elif d2 is not None:
+            dst = d2
+        elif src._buf.kind == "hbm":
             src = src.reshape(dst.shape)
         elif dst._buf.kind == "hbm":
             dst = dst.reshape(src.shape)

@@ -343,3 +343,42 @@ def test_config_object_arguments_keyed_by_value():
     np.testing.assert_array_equal(k(a, Cfg(2.0, [1])), 2 * a)
     np.testing.assert_array_equal(k(a, Cfg(2.0, [1, 2])), 4 * a)
     assert len(k._cache) == 2
+
+
+def test_same_elements_walked_not_broadcast():
+    """[P, F] with [P, 1, F] (attention_tkg's qk - max of one tile) pair element by element;
+    NKI's trailing-axis broadcasting would have made [P, F, F]. A destination whose axes do not
+    merge takes the operands walked as its own shape; iota writes a strided slice."""
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray((8, 2, 16), dtype=a.dtype, buffer=nl.shared_hbm)
+        x = nl.ndarray((8, 16), dtype=a.dtype, buffer=nl.sbuf)
+        y = nl.ndarray((8, 1, 16), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=a)
+        nisa.dma_copy(dst=y, src=b)
+        r = nl.ndarray((8, 4, 8), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r[:, 0:4:2, :], data1=x, data2=y, op=nl.subtract)
+        nisa.iota(dst=r[:, 1:4:2, :], pattern=[[1, 16]], offset=0, channel_multiplier=100)
+        nisa.dma_copy(dst=out, src=r.ap([[32, 8], [8, 4], [1, 8]]))
+        return out
+
+    a, b = rand(8, 16), rand(8, 1, 16)
+    got = k(a, b).reshape(8, 4, 8)
+    np.testing.assert_array_equal(got[:, 0:4:2].reshape(8, 16), a - b[:, 0])
+    p, f = np.ogrid[0:8, 0:16]
+    np.testing.assert_array_equal(got[:, 1:4:2].reshape(8, 16), 100 * p + f)
+
+
+def test_dma_copy_walks_a_broadcast_view():
+    """nisa.dma_copy between shapes of the same element count moves elements in order, a
+    stride-0 (broadcast) source included (attention_tkg's block-table load)."""
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((4, 3, 6), dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((4, 18), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a.ap([[6, 4], [0, 3], [1, 6]]))
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    a = rand(4, 6)
+    np.testing.assert_array_equal(k(a), np.broadcast_to(a[:, None, :], (4, 3, 6)))
