@@ -407,6 +407,10 @@ def check_matmul(stationary: NkiTensor, moving: NkiTensor):
         fail(f"matmul moving free size {N} exceeds nl.tile_size.gemm_moving_fmax "
              f"({_trace.GEMM_MOVING_FMAX})")
     for name, x in (("stationary", stationary), ("moving", moving)):
+        lo, hi = view_span(x)
+        if lo < 0 or hi >= x._buf.numel:
+            fail(f"matmul {name} operand {x!r} lies outside its tile {list(x._buf.shape)} "
+                 f"(elements {lo}..{hi})")
         if x.dyn is not None:
             fail(f"matmul {name} operand is indexed by a run-time value; only "
                  f"nisa.tensor_copy_dynamic_src / _dst take such a view")

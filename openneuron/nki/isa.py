@@ -80,7 +80,7 @@ class nc_version(enum.IntEnum):
 
 
 class matmul_perf_mode(enum.Enum):
-    """nc_matmul's perf_mode (accepted; the device computes every mode's matmul the same)."""
+    """nc_matmul's perf_mode (double_row: the contraction over two rows of a [K, 2, F] tile)."""
 
     none = "none"
     double_row = "double_row"

@@ -382,3 +382,56 @@ def test_dma_copy_walks_a_broadcast_view():
 
     a = rand(4, 6)
     np.testing.assert_array_equal(k(a), np.broadcast_to(a[:, None, :], (4, 3, 6)))
+
+
+def test_matmul_double_row():
+    """perf_mode=double_row: [K, 2, M] and [K, 2, N] float8 tiles contract over the partitions
+    and the axis of 2 (output_projection_tkg's fp8 path); other dtypes are an error."""
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray((16, 32), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray(a.shape, dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        y = nl.ndarray(b.shape, dtype=nl.float8_e4m3, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=x, src=nl.load(a))
+        nisa.tensor_copy(dst=y, src=nl.load(b))
+        ps = nl.ndarray((16, 32), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(ps, x, y, perf_mode=nisa.matmul_perf_mode.double_row)
+        r = nl.ndarray((16, 32), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=r, src=ps)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+
+    a = np.round(rand(64, 2, 16) * 4) / 4  # exact in float8_e4m3
+    b = np.round(rand(64, 2, 32) * 4) / 4
+    np.testing.assert_allclose(k(a, b), np.einsum("krm,krn->mn", a, b), rtol=1e-6, atol=1e-5)
+
+    @nki.jit
+    def bf16(a, b):
+        x = nl.load(a, dtype=nl.bfloat16)
+        ps = nl.ndarray((16, 32), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(ps, x, nl.load(b, dtype=nl.bfloat16),
+                       perf_mode=nisa.matmul_perf_mode.double_row)
+
+    with pytest.raises(nki.NkiError, match="double_row takes float8"):
+        bf16(a, b)
+
+
+def test_out_of_range_pattern_is_an_error_where_used():
+    """An `ap` view leaving its tile is made without complaint (output_projection_tkg builds
+    one for a tile index it skips) and is an error naming the line where an instruction uses
+    it."""
+    @nki.jit
+    def k(a, use):
+        out = nl.ndarray((4, 8), dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((4, 8), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        past = t.ap([[8, 4], [2, 8]], offset=2)
+        if use:
+            nisa.tensor_copy(dst=t, src=past)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    a = rand(4, 8)
+    np.testing.assert_array_equal(k(a, False), a)
+    with pytest.raises(nki.NkiError, match=r"test_nki_library.py:\d+.*outside the tensor"):
+        k(a, True)
