@@ -94,12 +94,12 @@ def benchmark(kernel=None, warmup=2, iters=10, **options):
 
 _ALIASES = ("neuronxcc", "neuronxcc.nki", "neuronxcc.nki.language", "neuronxcc.nki.isa",
             "neuronxcc.nki.isa.constants", "neuronxcc.nki.typing", "neuronxcc.nki.compiler",
-            "nki", "nki.language", "nki.isa", "nki.isa.constants")
+            "nki", "nki.language", "nki.isa", "nki.isa.constants", "nki.dtype")
 
 
 def alias():
     """Makes `neuronxcc`, `neuronxcc.nki[.language|.isa|.isa.constants|.typing|.compiler]` and
-    `nki[.language|.isa|.isa.constants]` resolve to this package, so NKI kernel files run
+    `nki[.language|.isa|.isa.constants|.dtype]` resolve to this package, so NKI kernel files run
     unchanged. Opt-in: nothing is installed under those names otherwise (the real Neuron
     compiler and a PyPI placeholder use them).
     Refuses to shadow a different module already imported under one of them."""
@@ -112,7 +112,8 @@ def alias():
     targets = {"neuronxcc": root, "neuronxcc.nki": this, "neuronxcc.nki.language": language,
                "neuronxcc.nki.isa": isa, "neuronxcc.nki.isa.constants": isa.constants,
                "neuronxcc.nki.typing": typing, "neuronxcc.nki.compiler": compiler, "nki": this,
-               "nki.language": language, "nki.isa": isa, "nki.isa.constants": isa.constants}
+               "nki.language": language, "nki.isa": isa, "nki.isa.constants": isa.constants,
+               "nki.dtype": language}
     for name in _ALIASES:
         present = sys.modules.get(name)
         if present is not None and present is not targets[name] and \
@@ -135,7 +136,6 @@ def custom_op(name, kernel, *, mutates_args=(), num_outputs=None, grid=None):
 def __getattr__(name):
     if name == "tensor":  # 0.x: nki.tensor is the tensor type
         return language.NkiTensor
-    if name == "dtype":  # 0.x: nki.dtype, the type of nl.float32 & co. (annotations)
-        import numpy as np
-        return np.dtype
+    if name == "dtype":  # 0.x: nki.dtype, the dtype names (nki.dtype.float8_e4m3), annotations
+        return language
     raise AttributeError(name)

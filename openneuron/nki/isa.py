@@ -682,6 +682,39 @@ def dma_copy(*args, dst=None, src=None, mask=None, dge_mode=None, oob_mode=None,
     _emit.copy_into(dst, src, mask=mask, allow_hbm=True, oob_skip=skip, accumulate=acc)
 
 
+def dma_compute(dst, srcs, reduce_op=None, scales=None, unique_indices=True, oob_mode=None,
+                **_):
+    """dst = srcs[0] + srcs[1] + ... in float32 on the DMA engines (0.x: reduce_op nl.add and
+    scales 1.0 only, as NKI documents), each tensor walked in order (the same element count,
+    HBM or SBUF). The read-modify-write by vector_offset is not supported here."""
+    srcs = list(srcs) if isinstance(srcs, (list, tuple)) else [srcs]
+    if reduce_op is not None and _op_name(reduce_op) != "add":
+        fail("nisa.dma_compute: reduce_op must be nl.add (the only one NKI supports)")
+    if scales is not None and any(float(c) != 1.0 for c in scales):
+        fail("nisa.dma_compute: every scale must be 1.0 (as NKI supports)")
+    if not isinstance(dst, NkiTensor) or not srcs or \
+            not all(isinstance(x, NkiTensor) for x in srcs) or len(srcs) > 16:
+        fail("nisa.dma_compute(dst, srcs) takes a tensor and a list of 1 to 16 tensors")
+    if any(x.ind is not None for x in [dst, *srcs]):
+        fail("nisa.dma_compute with vector_offset (the read-modify-write scatter / gather) is "
+             "not supported on the neuron NKI executor; use nisa.dma_copy(dst_rmw_op=np.add)")
+    walked = []
+    for x in srcs:
+        if x.size != dst.size:
+            fail(f"nisa.dma_compute: src {list(x.shape)} and dst {list(dst.shape)} hold "
+                 f"different element counts")
+        v = x if tuple(x.shape) == tuple(dst.shape) else \
+            x.as_shape(dst.shape, keep_partitions=False)
+        if v is None:
+            fail(f"nisa.dma_compute: src {x!r} cannot be walked as dst {list(dst.shape)}")
+        walked.append(v)
+    e = Expr()
+    acc = e.src(walked[0])
+    for x in walked[1:]:
+        acc = e.op("add", acc, e.src(x))
+    emit(dst, dst.shape, e, acc, allow_hbm=True)
+
+
 @_generations(2)
 def dropout(data, prob, mask=None, dtype=None, dst=None, **_):
     """Zeroes each element with probability prob (a number or a [P, 1] tile)."""

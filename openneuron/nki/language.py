@@ -37,6 +37,11 @@ float32 = np.float32
 float16 = np.float16
 bfloat16 = BFLOAT16
 tfloat32 = DTypeConst("tfloat32")
+# the current API's MX formats: names for kernels that mention them; a tile of one is an error
+float8_e8m0fnu = DTypeConst("float8_e8m0fnu")
+float8_e4m3fn_x4 = DTypeConst("float8_e4m3fn_x4")
+float8_e5m2_x4 = DTypeConst("float8_e5m2_x4")
+float4_e2m1fn_x4 = DTypeConst("float4_e2m1fn_x4")
 float8_e4m3 = FLOAT8_E4M3  # stored as torch.float8_e4m3fn (no infinities)
 float8_e4m3fn = FLOAT8_E4M3
 bool_ = np.bool_  # stored as a byte, as uint8

@@ -216,7 +216,8 @@ def test_core_barrier_on_one_core_and_collectives():
 
 
 def test_library_annotations():
-    """nki.dtype and nki.typing's mutable_tensor, as the library annotates parameters."""
+    """nki.dtype (the dtype names) and nki.typing's mutable_tensor, as the library annotates
+    parameters."""
     from openneuron.nki import typing as nt
 
     @nki.jit
@@ -228,7 +229,7 @@ def test_library_annotations():
         return out
 
     a = rand(4, 8)
-    assert nki.dtype is np.dtype
+    assert nki.dtype.float8_e4m3 is nl.float8_e4m3
     np.testing.assert_array_equal(k(a, dtype=nl.float32), a)
 
 
@@ -435,3 +436,39 @@ def test_out_of_range_pattern_is_an_error_where_used():
     np.testing.assert_array_equal(k(a, False), a)
     with pytest.raises(nki.NkiError, match=r"test_nki_library.py:\d+.*outside the tensor"):
         k(a, True)
+
+
+def test_dma_compute_adds_tensors():
+    """nisa.dma_compute: dst = the sum of srcs in float32 (qkv_tkg's fused residual add of three
+    HBM tensors), shapes walked in order; a scale other than 1.0 is an error."""
+    @nki.jit
+    def k(a, b, c):
+        out = nl.ndarray((1, 48), dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_compute(out, (a.reshape((1, 48)), b, c), scales=(1.0, 1.0, 1.0),
+                         reduce_op=nl.add)
+        return out.reshape((3, 16))
+
+    a, b, c = rand(3, 16), rand(1, 48), rand(1, 48)
+    np.testing.assert_allclose(k(a, b, c), a + b.reshape(3, 16) + c.reshape(3, 16), rtol=1e-6)
+
+    @nki.jit
+    def scaled(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_compute(out, [a, b], scales=[1.0, 2.0], reduce_op=nl.add)
+        return out
+
+    with pytest.raises(nki.NkiError, match="scale must be 1.0"):
+        scaled(a, a)
+
+
+def test_mx_dtype_names_are_an_error_when_used():
+    """The current API's MX formats exist as names (kernels that mention them import), and a
+    tile of one is an error naming the line."""
+    assert nki.dtype.float4_e2m1fn_x4 is nl.float4_e2m1fn_x4
+
+    @nki.jit
+    def k(a):
+        nl.ndarray((4, 8), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+
+    with pytest.raises(nki.NkiError, match=r"test_nki_library.py:\d+.*float8_e4m3fn_x4"):
+        k(rand(4, 8))
