@@ -682,6 +682,22 @@ def dma_copy(*args, dst=None, src=None, mask=None, dge_mode=None, oob_mode=None,
     _emit.copy_into(dst, src, mask=mask, allow_hbm=True, oob_skip=skip, accumulate=acc)
 
 
+def nc_n_gather(dst=None, data=None, indices=None, **_):
+    """0.x: dst[p, j...] = data[p] (its free elements flattened)[indices[p, j...]], uint32
+    indices, dst of data's dtype: nl.gather_flattened into dst (the executor's gather)."""
+    if not all(isinstance(x, NkiTensor) for x in (dst, data, indices)):
+        fail("nisa.nc_n_gather(dst, data, indices) takes three tiles")
+    if indices._buf.dtype != "uint32":
+        fail(f"nisa.nc_n_gather: indices dtype {indices._buf.dtype}; they must be uint32")
+    if dst._buf.dtype != data._buf.dtype:
+        fail(f"nisa.nc_n_gather: dst dtype {dst._buf.dtype} differs from data's "
+             f"{data._buf.dtype}; the gather does not convert")
+    if dst.shape[0] != indices.shape[0] or dst.size != indices.size:
+        fail(f"nisa.nc_n_gather: dst {list(dst.shape)} must hold indices' "
+             f"{list(indices.shape)} elements per partition")
+    _emit.copy_into(dst, nl.gather_flattened(data, indices))
+
+
 def dma_compute(dst, srcs, reduce_op=None, scales=None, unique_indices=True, oob_mode=None,
                 **_):
     """dst = srcs[0] + srcs[1] + ... in float32 on the DMA engines (0.x: reduce_op nl.add and

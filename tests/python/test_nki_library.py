@@ -472,3 +472,25 @@ def test_mx_dtype_names_are_an_error_when_used():
 
     with pytest.raises(nki.NkiError, match=r"test_nki_library.py:\d+.*float8_e4m3fn_x4"):
         k(rand(4, 8))
+
+
+def test_nc_n_gather():
+    """nisa.nc_n_gather: each partition gathers from its own flattened free elements by uint32
+    indices (rotational_topk's global indices); other index dtypes are an error."""
+    @nki.jit
+    def k(data, idx):
+        out = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.shared_hbm)
+        d = nl.ndarray(data.shape, dtype=data.dtype, buffer=nl.sbuf)
+        i = nl.ndarray(idx.shape, dtype=idx.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=d, src=data)
+        nisa.dma_copy(dst=i, src=idx)
+        r = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.sbuf)
+        nisa.nc_n_gather(dst=r, data=d, indices=i)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+
+    data = rand(8, 3, 10)
+    idx = RNG.integers(0, 30, size=(8, 5)).astype(np.uint32)
+    np.testing.assert_array_equal(k(data, idx), np.take_along_axis(data.reshape(8, 30), idx, 1))
+    with pytest.raises(nki.NkiError, match="must be uint32"):
+        k(data, idx.astype(np.int32))
