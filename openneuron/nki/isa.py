@@ -322,46 +322,6 @@ def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=Fals
         _vector.read_accumulators("activate2", reduce_res, S[0], regs="scalar_acc")
 
 
-def nc_n_gather(dst, data, indices, **_):
-    """0.x: dst <- each partition's elements of data (free axes flattened) at its own uint32
-    indices (nl.gather_flattened, as a destination-first instruction)."""
-    if not isinstance(indices, NkiTensor) or indices._buf.dtype != "uint32":
-        fail(f"nisa.nc_n_gather: indices are a uint32 tile, got "
-             f"{getattr(getattr(indices, '_buf', None), 'dtype', type(indices).__name__)}")
-    if data._buf.dtype != dst._buf.dtype:
-        fail(f"nisa.nc_n_gather: dst dtype {dst._buf.dtype} must be data's {data._buf.dtype}")
-    if dst.shape[0] != indices.shape[0] or dst.size != indices.size:
-        fail(f"nisa.nc_n_gather: dst {list(dst.shape)} must hold one element per index "
-             f"{list(indices.shape)}")
-    _emit.copy_into(dst, nl.gather_flattened(data, indices).reshape(dst.shape))
-
-
-def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, **_):
-    """dst <- srcs[0] * scales[0] + srcs[1] * scales[1] + ... (reduce_op nl.add only, every
-    scale 1.0, as NKI documents), in float32, HBM or SBUF on either side. The read-modify-write
-    forms (a source with vector_offset) are not supported here: use nisa.dma_copy with
-    dst_rmw_op=np.add."""
-    if _op_name(reduce_op, 2) != "add":
-        fail("nisa.dma_compute: reduce_op must be nl.add")
-    srcs = list(srcs)
-    if not srcs or not all(isinstance(x, NkiTensor) for x in srcs):
-        fail("nisa.dma_compute: srcs is a list of tensors")
-    if scales is not None and any(float(v) != 1.0 for v in scales):
-        fail(f"nisa.dma_compute: scales must all be 1.0, got {list(scales)}")
-    if any(x.ind is not None for x in [dst, *srcs]):
-        fail("nisa.dma_compute with an indirect (vector_offset) operand is not supported here; "
-             "use nisa.dma_copy(..., dst_rmw_op=np.add)")
-    for x in srcs:
-        if x.size != dst.size:
-            fail(f"nisa.dma_compute: source {list(x.shape)} and dst {list(dst.shape)} differ in "
-                 f"size")
-    e = Expr()
-    r = e.src(srcs[0].reshape(dst.shape) if srcs[0].shape != dst.shape else srcs[0])
-    for x in srcs[1:]:
-        r = e.op("add", r, e.src(x.reshape(dst.shape) if x.shape != dst.shape else x))
-    emit(dst, dst.shape, e, r, allow_hbm=True)
-
-
 @_generations(4, tile_first_is_dst=True)
 def activation_reduce(op, data, reduce_op=None, reduce_res=None, bias=None, scale=1.0,
                       mask=None, dtype=None, dst=None, **_):
