@@ -138,18 +138,21 @@ def bounds_ref(seq):
     return np.stack([lo, hi])[None]
 
 
+@nki.jit
+def _bounds_beta1(ids):
+    r = nisa.sequence_bounds(segment_ids=nl.load(ids))
+    out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
+    nl.store(out, r)
+    return out
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 def test_sequence_bounds(dtype):
     seqs = [np.array([0, 1, 1, 2, 2, 2, 0, 3, 3]), np.array([5]), np.array([0]),
             np.array([4, 4, 0, 0, 4, 7, 7, 7, 1, 0]),
             np.sort(np.random.default_rng(0).integers(0, 40, 300))]
 
-    @nki.jit
-    def beta1(ids):
-        r = nisa.sequence_bounds(segment_ids=nl.load(ids))
-        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
-        nl.store(out, r)
-        return out
+    beta1 = _bounds_beta1
 
     @nki.jit
     def dst_first(ids):
@@ -170,12 +173,7 @@ def test_sequence_bounds(dtype):
 
 
 def test_sequence_bounds_errors():
-    @nki.jit
-    def k(ids):
-        r = nisa.sequence_bounds(segment_ids=nl.load(ids))
-        out = nl.ndarray(r.shape, dtype=r.dtype, buffer=nl.shared_hbm)
-        nl.store(out, r)
-        return out
+    k = _bounds_beta1
 
     with pytest.raises(nki.NkiError, match="partition dimension 1") as e:
         k(np.ones((2, 8), np.float32))
