@@ -27,7 +27,8 @@ PYBIND11_MODULE(_C, m) {
   {
     namespace rt = openneuron::runtime;
     const unsigned on = rt::kReleaseOnIdleExecutor |
-                        (rt::config_or_defaults().omp_spin_bounded ? rt::kReleaseOnHostWait : 0u);
+                        (rt::config_or_defaults().omp_spin_bounded ? rt::kReleaseOnHostWait
+                                                                   : rt::kReleaseOnLongHostWait);
     rt::set_parallel_release(&aten::omp_release_pool, on);
   }
   aten::bind_device(m);

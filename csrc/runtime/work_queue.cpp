@@ -134,7 +134,13 @@ void WorkQueue::wait(uint64_t ticket) const {
   if (head_.load(std::memory_order_acquire) >= ticket) return;
   // NOTE: a host thread (never an executor: tl_running_queue is null here) about to sleep
   // frees its OpenMP pool, left by CPU work it did before: see parallel.h.
-  if (tl_running_queue == nullptr) parallel_release_calling_thread(kReleaseOnHostWait);
+  static thread_local Clock::duration tl_last_block{};
+  if (tl_running_queue == nullptr) {
+    parallel_release_calling_thread(kReleaseOnHostWait);
+    if (tl_last_block > std::chrono::nanoseconds(kLongHostBlockNs))
+      parallel_release_calling_thread(kReleaseOnLongHostWait);
+  }
+  const auto blocked_at = Clock::now();
   std::unique_lock<std::mutex> lk(mu_);
   done_cv_.wait(lk, [&] {
     if (ticket < wake_at_.load(std::memory_order_relaxed)) {
@@ -142,6 +148,7 @@ void WorkQueue::wait(uint64_t ticket) const {
     }
     return head_.load(std::memory_order_seq_cst) >= ticket;
   });
+  tl_last_block = Clock::now() - blocked_at;
 }
 
 void WorkQueue::run() {

@@ -87,6 +87,36 @@ TEST(WorkQueue, AHostThreadAboutToSleepReleasesItsParallelThreads) {
   EXPECT_EQ(g_releases.load(), 1);
 }
 
+// The default: a host thread frees its pool before a block only when its previous block was
+// long (a training step's), never after short ones (a decode token's). A host stall can stretch
+// a short block, and a slow spin (ASan) can absorb a 1 ms item: each wait's length, timed here,
+// bounds the releases; a 20 ms item always blocks, so the one after the first 20 ms releases.
+TEST(WorkQueue, AHostThreadReleasesBeforeABlockAfterALongOne) {
+  ReleaseHook hook(kReleaseOnLongHostWait);
+  NoErrors sink;
+  WorkQueue q(&sink, "long-wait-queue");
+  g_releases = 0;
+  std::thread host([&] {  // a fresh thread: no block before this test's
+    int at_least = 0, at_most = 0;
+    auto previous = std::chrono::steady_clock::duration::zero();
+    for (int ms : {1, 1, 20, 20}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Work w;
+      w.fn = [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+      w.name = "sleep";
+      q.wait(q.push(std::move(w)));
+      // the block before this wait lasted at most `previous` (which adds push and spin)
+      if (previous > std::chrono::milliseconds(6) && ms == 20) ++at_least;
+      if (previous >= std::chrono::milliseconds(4)) ++at_most;
+      previous = std::chrono::steady_clock::now() - t0;
+    }
+    EXPECT_GE(g_releases.load(), at_least);
+    EXPECT_LE(g_releases.load(), at_most);
+    EXPECT_GE(at_least, 1);  // the wait after the 20 ms one
+  });
+  host.join();
+}
+
 TEST(WorkQueue, AnExecutorIdleFor50msReleasesItsParallelThreadsOnce) {
   ReleaseHook hook(kReleaseOnIdleExecutor);
   NoErrors sink;

@@ -163,7 +163,9 @@ def test_waiting_for_the_device_gives_back_the_threads_cpu_work_left(run_py, spi
     """Parallel CPU work leaves an OpenMP pool on the Python thread; while it lives, libgomp
     counts more threads than cores and every team's barriers (the executors' too) sleep in the
     kernel after ~100 spins. With a bounded spin (GOMP_SPINCOUNT) a wait for the device that
-    sleeps frees the pool; with libgomp's default spin it stays (parallel.h says why)."""
+    sleeps frees the pool; with libgomp's default spin a wait after a long one does (these
+    waits: tens of ms of matrix products; a decode token's ~1 ms waits keep it: parallel.h, and
+    the WorkQueue gtest for the short / long rule)."""
     r = run_py("""
         import os, time, torch, openneuron
         def named(name):  # threads with this name: the pool's inherit the Python thread's
@@ -196,7 +198,7 @@ def test_waiting_for_the_device_gives_back_the_threads_cpu_work_left(run_py, spi
     assert r.returncode == 0, r.stderr
     before, with_pool, after, threads = map(int, r.stdout.split())
     assert threads == 2 and with_pool == before + 1, r.stdout  # the CPU work made a pool
-    assert after == (before if spin else with_pool), r.stdout
+    assert after == before, r.stdout
 
 
 def test_an_idle_executor_gives_back_its_threads(run_py):
