@@ -25,24 +25,10 @@ OPENNEURON_INLINE int64_t off(const Strides4& st, int64_t b, int64_t h, int64_t 
   return b * st.s[0] + h * st.s[1] + r * st.s[2];
 }
 
-// The micro-kernels below run on the active variant's own register width: a 16-float VecF is
-// one AVX-512 register but a pair of AVX2 ones, and GCC keeps an array of such pairs in memory,
-// moving them through general registers in the inner loop (the AVX2 forward ran 3x slower than
-// ATen's flash kernel: [8, 4, 128, 32] causal 3.4 vs 1.0 ms on an AVX2-only EPYC). Every width
-// adds each output's terms in the same order, so every variant gives the same bits.
-typedef float Vec8 __attribute__((vector_size(32)));
-typedef float Vec4 __attribute__((vector_size(16)));
-template <class V>
-constexpr int64_t kLanesOf = static_cast<int64_t>(sizeof(V) / sizeof(float));
-
-template <class V>
-OPENNEURON_INLINE void load_n(V* v, const float* p) {
-  std::memcpy(v, p, sizeof(V));
-}
-template <class V>
-OPENNEURON_INLINE void store_n(float* p, const V& v) {
-  std::memcpy(p, &v, sizeof(V));
-}
+// The micro-kernels below run on the active variant's own register width (kernel_util.h,
+// VecF): with 16-float vectors the AVX2 forward ran 3x slower than ATen's flash kernel
+// ([8, 4, 128, 32] causal: 3.4 vs 1.0 ms on an AVX2-only EPYC). Every width adds each output's
+// terms in the same order.
 
 // C[r][0, ncols) = sum_{e < k} A[r][e] * B[e][0, ncols) for the kRows rows of A (row stride
 // lda) and C (ldc); B has row stride ldb; ncols is a multiple of 16. The kRows x lanes block of

@@ -20,6 +20,8 @@ using ir::DType;
 // compiled for x86-64-v4 (AVX-512), v3 (AVX2 + FMA) and the baseline; OPENNEURON_ISA or the CPU
 // picks one. FMA is only used where a file allows contraction (attention.cpp).
 #define OPENNEURON_INLINE __attribute__((always_inline)) inline
+// The same for a lambda: [&](auto x) OPENNEURON_LAMBDA_INLINE { ... }.
+#define OPENNEURON_LAMBDA_INLINE __attribute__((always_inline))
 
 OPENNEURON_INLINE uint32_t bits_of(float f) { return ir::numeric::f32_bits(f); }
 OPENNEURON_INLINE float float_of(uint32_t u) { return ir::numeric::f32_from_bits(u); }
@@ -173,54 +175,111 @@ OPENNEURON_INLINE float exp_f32(float x) {
 
 constexpr int kLanes = 16;
 
-// 16 floats as one GCC vector (lowered to AVX-512, 2 x AVX2 or 4 x SSE ops by the clone).
+// 16 floats as one GCC vector: one AVX-512 register. NOTE: an AVX2 or baseline clone lowers it
+// to register pairs (quads) but keeps it in memory between operations, moving it through
+// general registers: 2-3x slower loops. Loops that also run on those variants use the
+// variant's own width (Vec8, Vec4) through with_native_vec, as kLanes / lanes vectors, so that
+// every variant adds the same terms in the same order (the same bits).
 typedef float VecF __attribute__((vector_size(64)));
+typedef float Vec8 __attribute__((vector_size(32)));
+typedef float Vec4 __attribute__((vector_size(16)));
+template <class V>
+constexpr int64_t kLanesOf = static_cast<int64_t>(sizeof(V) / sizeof(float));
 // NOTE: helpers take vectors by reference: returning one by value warns (-Wpsabi) in the
 // baseline clone.
 OPENNEURON_INLINE void loadv(VecF* v, const float* p) { std::memcpy(v, p, sizeof(VecF)); }
+template <class V>
+OPENNEURON_INLINE void load_n(V* v, const float* p) {
+  std::memcpy(v, p, sizeof(V));
+}
+template <class V>
+OPENNEURON_INLINE void store_n(float* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
 
-// Lane-wise max / sum / dot over float arrays (the order differs from a serial loop).
-OPENNEURON_INLINE float max_f32(const float* x, int64_t n) {
-  VecF acc = VecF{} - INFINITY;
+template <class V>
+struct VecTag {
+  using type = V;
+};
+// f(VecTag<V>{}) with the active variant's register-wide float vector V (VecF, Vec8, Vec4).
+// f must be always inlined (OPENNEURON_INLINE) to be compiled for the caller's variant.
+template <class F>
+OPENNEURON_INLINE auto with_native_vec(F&& f) {
+  switch (runtime::isa()) {
+    case runtime::Isa::kAvx512:
+      return f(VecTag<VecF>{});
+    case runtime::Isa::kAvx2:
+      return f(VecTag<Vec8>{});
+    default:
+      return f(VecTag<Vec4>{});
+  }
+}
+
+// Lane-wise max / sum / dot over float arrays in 16 lanes (the order differs from a serial loop;
+// it is the same in every variant): lane l takes elements l, l + 16, ...; then the tail, then
+// the lanes in order.
+template <class V>
+OPENNEURON_INLINE float max_f32_v(const float* x, int64_t n) {
+  constexpr int64_t L = kLanesOf<V>, P = kLanes / L;
+  V acc[P];
+  for (int64_t p = 0; p < P; ++p) acc[p] = V{} - INFINITY;
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    VecF v;
-    loadv(&v, x + i);
-    acc = v > acc ? v : acc;
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < P; ++p) {
+      V v;
+      load_n(&v, x + i + p * L);
+      acc[p] = v > acc[p] ? v : acc[p];
+    }
   }
   float m = -INFINITY;
   for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  for (int l = 0; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  float lanes[kLanes];
+  for (int64_t p = 0; p < P; ++p) store_n(lanes + p * L, acc[p]);
+  for (int l = 0; l < kLanes; ++l) m = lanes[l] > m ? lanes[l] : m;
   return m;
 }
 
-OPENNEURON_INLINE float sum_f32(const float* x, int64_t n) {
-  VecF acc = {};
+template <class V>
+OPENNEURON_INLINE float dot_f32_v(const float* x, const float* y, int64_t n) {
+  constexpr int64_t L = kLanesOf<V>, P = kLanes / L;
+  V acc[P] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    VecF v;
-    loadv(&v, x + i);
-    acc += v;
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < P; ++p) {
+      V a;
+      load_n(&a, x + i + p * L);
+      if (y) {
+        V b;
+        load_n(&b, y + i + p * L);
+        a = a * b;
+      }
+      acc[p] += a;
+    }
   }
   float s = 0;
-  for (; i < n; ++i) s += x[i];
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  for (; i < n; ++i) s += y ? x[i] * y[i] : x[i];
+  float lanes[kLanes];
+  for (int64_t p = 0; p < P; ++p) store_n(lanes + p * L, acc[p]);
+  for (int l = 0; l < kLanes; ++l) s += lanes[l];
   return s;
 }
 
+OPENNEURON_INLINE float max_f32(const float* x, int64_t n) {
+  return with_native_vec([&](auto tag) OPENNEURON_LAMBDA_INLINE {
+    return max_f32_v<typename decltype(tag)::type>(x, n);
+  });
+}
+OPENNEURON_INLINE float sum_f32(const float* x, int64_t n) {
+  return with_native_vec([&](auto tag) OPENNEURON_LAMBDA_INLINE {
+    return dot_f32_v<typename decltype(tag)::type>(x, nullptr, n);
+  });
+}
 OPENNEURON_INLINE float dot_f32(const float* x, const float* y, int64_t n) {
-  VecF acc = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    VecF a, b;
-    loadv(&a, x + i);
-    loadv(&b, y + i);
-    acc += a * b;
-  }
-  float s = 0;
-  for (; i < n; ++i) s += x[i] * y[i];
-  for (int l = 0; l < kLanes; ++l) s += acc[l];
-  return s;
+  return with_native_vec([&](auto tag) OPENNEURON_LAMBDA_INLINE {
+    return dot_f32_v<typename decltype(tag)::type>(x, y, n);
+  });
 }
 
 // Rows per parallel chunk so that a chunk holds at least ~16K elements.
