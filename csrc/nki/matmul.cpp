@@ -27,20 +27,40 @@ constexpr int kColBlock = 64;  // columns of C per block (4 vectors)
 // partition pitch apart (several KiB, a multiple of 4 KiB): read in place, the K rows of a
 // column slice fall into the same few L1 sets and are fetched from L2 again for every row
 // block.
-OPENNEURON_ISA_BODY void gemm_body(const float* ap, const float* bp, float* c, int64_t ldc,
-                                   int64_t Mp, int64_t K, int64_t n0) {
+// The accumulators of a row block on the variant's register width (kernel_util.h, VecF): W
+// vectors of V per row, 4 x 4 AVX-512 registers, 4 x 2 AVX2 ones (16 of 64 columns at a time:
+// 4 x 8 do not fit AVX2's 16 registers). Each output sums over k in order in every variant.
+template <class V, int W>
+OPENNEURON_INLINE void gemm_v(const float* ap, const float* bp, float* c, int64_t ldc, int64_t Mp,
+                              int64_t K, int64_t n0) {
+  constexpr int64_t L = kernels::kLanesOf<V>, kCols = W * L;
   for (int64_t m0 = 0; m0 < Mp; m0 += kRowBlock) {
     const float* a = ap + m0 * K;
-    VecF acc[kRowBlock][4] = {};
-    for (int64_t k = 0; k < K; ++k) {
-      VecF bv[4];
-      for (int v = 0; v < 4; ++v) kernels::loadv(&bv[v], bp + k * kColBlock + 16 * v);
-      for (int i = 0; i < kRowBlock; ++i) {
-        const float s = a[k * kRowBlock + i];
-        for (int v = 0; v < 4; ++v) acc[i][v] += s * bv[v];
+    for (int64_t j0 = 0; j0 < kColBlock; j0 += kCols) {
+      V acc[kRowBlock][W] = {};
+      for (int64_t k = 0; k < K; ++k) {
+        V bv[W];
+        for (int v = 0; v < W; ++v) kernels::load_n(&bv[v], bp + k * kColBlock + j0 + L * v);
+        for (int i = 0; i < kRowBlock; ++i) {
+          const float s = a[k * kRowBlock + i];
+          for (int v = 0; v < W; ++v) acc[i][v] += s * bv[v];
+        }
       }
+      for (int i = 0; i < kRowBlock; ++i)
+        for (int v = 0; v < W; ++v) kernels::store_n(c + (m0 + i) * ldc + n0 + j0 + L * v, acc[i][v]);
     }
-    for (int i = 0; i < kRowBlock; ++i) std::memcpy(c + (m0 + i) * ldc + n0, acc[i], sizeof acc[i]);
+  }
+}
+
+OPENNEURON_ISA_BODY void gemm_body(const float* ap, const float* bp, float* c, int64_t ldc,
+                                   int64_t Mp, int64_t K, int64_t n0) {
+  switch (runtime::isa()) {
+    case runtime::Isa::kAvx512:
+      return gemm_v<VecF, 4>(ap, bp, c, ldc, Mp, K, n0);
+    case runtime::Isa::kAvx2:
+      return gemm_v<kernels::Vec8, 2>(ap, bp, c, ldc, Mp, K, n0);
+    default:
+      return gemm_v<kernels::Vec4, 2>(ap, bp, c, ldc, Mp, K, n0);
   }
 }
 OPENNEURON_ISA_DISPATCH(void, gemm,
