@@ -47,7 +47,8 @@ OPENNEURON_INLINE void gemm_v(const float* ap, const float* bp, float* c, int64_
         }
       }
       for (int i = 0; i < kRowBlock; ++i)
-        for (int v = 0; v < W; ++v) kernels::store_n(c + (m0 + i) * ldc + n0 + j0 + L * v, acc[i][v]);
+        for (int v = 0; v < W; ++v)
+          kernels::store_n(c + (m0 + i) * ldc + n0 + j0 + L * v, acc[i][v]);
     }
   }
 }
