@@ -302,7 +302,10 @@ def _compare(name: str, got, ref, where: str, problems: list[str], exact=None):
 NATIVE_KERNEL_OPS = {"_softmax.default", "_log_softmax.default", "_softmax_backward_data.default",
                      "_log_softmax_backward_data.default", "native_layer_norm.default",
                      "native_layer_norm_backward.default", "_fused_adamw_.default",
-                     "_fused_adam_.default"}
+                     "_fused_adam_.default",
+                     # bf16 / fp16 matrix products run in float32 on a CPU whose ATen kernel for
+                     # the dtype is the scalar loop (no AVX512BW/VL/DQ, resp. AVX512-FP16)
+                     "mm.default", "addmm.default", "bmm.default", "baddbmm.default"}
 # Neuron-only ops (no CPU kernel): compared with CPU's scaled_dot_product_attention (forward
 # output; backward: autograd gradients of q, k, v) within SDPA_TOL.
 SDPA_OPS = {"_scaled_dot_product_fused_attention_overrideable.default",

@@ -146,6 +146,9 @@ void analyze(OpInfo& info, const c10::FunctionSchema& s, const c10::OperatorHand
   info.sync_by_nature = info.data_dependent || !info.returns_tensors_only;
   info.training_arg = training_flag_arg(s);
   info.thread_invariant = (op && op->hasTag(at::Tag::pointwise)) || moves_data_only(s.name());
+  static const std::unordered_set<std::string> kGemms = {"aten::mm", "aten::addmm", "aten::bmm",
+                                                         "aten::baddbmm"};
+  info.reduced_gemm = kGemms.count(s.name()) > 0;
 }
 
 struct Table {

@@ -40,6 +40,9 @@ struct OpInfo {
   // results stay bitwise CPU PyTorch's (reductions and MKL's matrix products split their sums
   // by thread: a 1 x 256 x 768 addmm differs between 1 and 2 threads).
   bool thread_invariant = false;
+  // A matrix product (mm, addmm, bmm, baddbmm; any overload): in bfloat16 / float16 on
+  // a CPU whose ATen kernel for that dtype is the scalar one, it runs in float32 (fallback.cpp).
+  bool reduced_gemm = false;
   std::atomic<bool> meta_ok{true};  // cleared when the meta kernel turns out to be missing
   std::string no_async_reason;      // why the op never takes the async path ("" = it may)
   // Its results need the device's values on the host (data-dependent shapes, bool/int/float
