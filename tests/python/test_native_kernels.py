@@ -547,3 +547,79 @@ def test_foreach_bad_inputs():
         torch._foreach_div_(xs, [1.0])
     with pytest.raises(RuntimeError, match="at least one tensor"):  # as on CPU
         torch._foreach_mul_([], 2.0)
+
+
+# ---- bfloat16 / float16 matrix products in float32 ---------------------------------------------
+# Where ATen's CPU kernel for the dtype is its scalar loop (fallback.cpp: gemm_in_float32) the
+# products run in float32 and round once; forced on (and off) here so every CPU runs both paths.
+
+GEMM_OPS = {"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
+            "aten::baddbmm_"}
+
+
+def gemm_native_calls() -> int:  # any overload (functional products arrive as .out)
+    return sum(r.calls for r in openneuron.ops_report(print_table=False)
+               if r.op.split(".")[0] in GEMM_OPS and r.path == "native")
+
+
+@pytest.fixture(params=[1, 0], ids=["float32", "aten"])
+def float32_gemm(request):
+    previous = torch.ops.openneuron._set_float32_gemm(request.param)
+    yield request.param
+    torch.ops.openneuron._set_float32_gemm(previous)
+
+
+def _gemm_cases(a, w, bias, x, y, z):
+    return {
+        "linear": lambda: F.linear(a, w, bias),
+        "mm": lambda: torch.mm(a, w.t()),
+        "mm_out": lambda: torch.mm(a, w.t(), out=torch.empty(a.shape[0], w.shape[0],
+                                                              dtype=a.dtype, device=a.device)),
+        "addmm": lambda: torch.addmm(bias, a, w.t(), beta=0.5, alpha=2.0),
+        "addmm_": lambda: torch.mm(a, w.t()).addmm_(a, w.t(), beta=0.25),
+        "bmm": lambda: torch.bmm(x, y),
+        "baddbmm": lambda: torch.baddbmm(z, x, y, beta=0.5, alpha=1.5),
+        "baddbmm_": lambda: z.clone().baddbmm_(x, y),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", list(_gemm_cases(*[None] * 6)))
+def test_low_precision_gemm_in_float32(float32_gemm, dtype, case):
+    g = torch.Generator().manual_seed(0)
+    cpu = [torch.randn(*s, generator=g).to(dtype)
+           for s in [(37, 70), (50, 70), (50,), (3, 37, 70), (3, 70, 50), (3, 37, 50)]]
+    before = gemm_native_calls()
+    got = _gemm_cases(*[t.to(DEV) for t in cpu])[case]().cpu()
+    ref = _gemm_cases(*cpu)[case]()
+    assert got.dtype == dtype and got.shape == ref.shape
+    if float32_gemm == 0:  # ATen's kernel on the asynchronous path: CPU's bits
+        assert torch.equal(got, ref)
+        assert gemm_native_calls() == before
+        return
+    # The same product in float32, rounded once: equal up to one unit in the last place.
+    exact = _gemm_cases(*[t.float() for t in cpu])[case]().to(dtype)
+    torch.testing.assert_close(got, exact, rtol=torch.finfo(dtype).eps, atol=1e-6)
+    close(got.to(DEV), ref, dtype, scale=4.0)
+    assert gemm_native_calls() > before
+
+
+def test_low_precision_gemm_in_float32_trains_like_cpu(float32_gemm):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 8))
+    x = torch.randn(32, 64)
+    grads = {}
+    for dev in ("cpu", DEV):
+        m = model.to(dev)
+        m.zero_grad()
+        with torch.autocast(torch.device(dev).type, dtype=torch.bfloat16):
+            loss = m(x.to(dev)).float().square().mean()
+        loss.backward()
+        grads[torch.device(dev).type] = [p.grad.to("cpu", copy=True) for p in m.parameters()]
+    for n, c in zip(grads["neuron"], grads["cpu"]):
+        torch.testing.assert_close(n, c, rtol=2e-2, atol=2e-2)
+
+
+def test_float32_gemm_switch_rejects_bad_modes():
+    with pytest.raises(RuntimeError, match="mode must be -1"):
+        torch.ops.openneuron._set_float32_gemm(2)

@@ -14,6 +14,7 @@
 #include <cpuid.h>
 #endif
 
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -110,11 +111,18 @@ class ResizeWarningFilter : public c10::WarningHandler {
 // AVX512BW/VL/DQ; float16 AVX512-FP16 or AMX-FP16): ~1 GFLOP/s ([2048, 384] x [384, 1536] bf16:
 // 3.9 s on an AVX2-only EPYC, 0.16 s in float32). Both sum in float32 and round once, so the
 // results agree with ATen's to the last bit for all but ~0.01% of elements (one unit off).
+// Tests force it either way on any CPU: torch.ops.openneuron._set_float32_gemm(mode), mode -1 =
+// by the CPU (default), 0 = never, 1 = always; returns the previous mode.
+std::atomic<int64_t> g_float32_gemm{-1};
+
 bool gemm_in_float32(c10::ScalarType t) {
+  if (!at::isReducedFloatingType(t)) return false;
+  if (const int64_t forced = g_float32_gemm.load(std::memory_order_relaxed); forced >= 0)
+    return forced == 1;
 #if defined(__x86_64__)
-  static const bool bf16 = !(__builtin_cpu_supports("avx512bw") &&
-                             __builtin_cpu_supports("avx512vl") &&
-                             __builtin_cpu_supports("avx512dq"));
+  static const bool bf16 =
+      !(__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"));
   static const bool f16 = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     bool avx512fp16 = false, amx_fp16 = false;
@@ -366,7 +374,14 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
     for (const auto& g : meta.returns[r])
       if (g.defined) numel = std::max(numel, numel_of(g));
   }
-  info.async_calls.fetch_add(1, std::memory_order_relaxed);
+  bool float32_gemm = false;
+  if (info.reduced_gemm && native_kernels_enabled()) {
+    for (size_t i = 0; i < n && !float32_gemm; ++i)
+      float32_gemm = args[i].isTensor() && args[i].toTensor().defined() &&
+                     gemm_in_float32(args[i].toTensor().scalar_type());
+  }
+  // A float32 matrix product is a native kernel for ops_report (CPU's kernel does not run).
+  (float32_gemm ? info.native_calls : info.async_calls).fetch_add(1, std::memory_order_relaxed);
   if (!info.has_write_args && !any_new) {  // metadata only (views): no device work
     torch::jit::drop(*stack, n);
     for (auto& r : returns) stack->push_back(std::move(r));
@@ -380,15 +395,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
   auto launch = std::make_shared<Launch>(op);
   launch->name = info.name;
   launch->serial = small_work(info, args, numel);
-  if (info.reduced_gemm && native_kernels_enabled()) {
-    for (size_t i = 0; i < n; ++i) {
-      if (args[i].isTensor() && args[i].toTensor().defined() &&
-          gemm_in_float32(args[i].toTensor().scalar_type())) {
-        launch->float32_gemm_writes = info.arg_is_write;
-        break;
-      }
-    }
-  }
+  if (float32_gemm) launch->float32_gemm_writes = info.arg_is_write;
   launch->stack.reserve(n + info.num_returns);
   launch->deferred.reserve(n + info.num_returns);
   for (size_t i = 0; i < n; ++i) {
@@ -463,4 +470,12 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&openneuron::aten::neuron_fallback>());
+}
+
+TORCH_LIBRARY_FRAGMENT(openneuron, m) {
+  m.def("_set_float32_gemm(int mode) -> int", [](int64_t mode) -> int64_t {
+    TORCH_CHECK(mode >= -1 && mode <= 1,
+                "openneuron._set_float32_gemm: mode must be -1 (by the CPU), 0 or 1, got ", mode);
+    return openneuron::aten::g_float32_gemm.exchange(mode);
+  });
 }
