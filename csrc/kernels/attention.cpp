@@ -71,25 +71,15 @@ OPENNEURON_INLINE void rank_update_v(float* C, int64_t ldc, int64_t rows, int64_
 // The two on the active variant's vector type (inlined into each variant's clone).
 OPENNEURON_INLINE void gemm_rows(const float* A, int64_t lda, int64_t k, const float* B,
                                  int64_t ldb, int64_t ncols, float* C, int64_t ldc) {
-  switch (runtime::isa()) {
-    case runtime::Isa::kAvx512:
-      return gemm_rows_v<VecF>(A, lda, k, B, ldb, ncols, C, ldc);
-    case runtime::Isa::kAvx2:
-      return gemm_rows_v<Vec8>(A, lda, k, B, ldb, ncols, C, ldc);
-    default:
-      return gemm_rows_v<Vec4>(A, lda, k, B, ldb, ncols, C, ldc);
-  }
+  with_native_vec([&](auto tag) OPENNEURON_LAMBDA_INLINE {
+    gemm_rows_v<typename decltype(tag)::type>(A, lda, k, B, ldb, ncols, C, ldc);
+  });
 }
 OPENNEURON_INLINE void rank_update(float* C, int64_t ldc, int64_t rows, int64_t ncols,
                                    const float* coef, int64_t ldcoef, const float* X, int64_t ldx) {
-  switch (runtime::isa()) {
-    case runtime::Isa::kAvx512:
-      return rank_update_v<VecF>(C, ldc, rows, ncols, coef, ldcoef, X, ldx);
-    case runtime::Isa::kAvx2:
-      return rank_update_v<Vec8>(C, ldc, rows, ncols, coef, ldcoef, X, ldx);
-    default:
-      return rank_update_v<Vec4>(C, ldc, rows, ncols, coef, ldcoef, X, ldx);
-  }
+  with_native_vec([&](auto tag) OPENNEURON_LAMBDA_INLINE {
+    rank_update_v<typename decltype(tag)::type>(C, ldc, rows, ncols, coef, ldcoef, X, ldx);
+  });
 }
 
 // Loads up to kRows rows [i0, i0 + count) of a [*, n] operand as floats into dst (row stride
@@ -342,14 +332,9 @@ OPENNEURON_INLINE void forward_direct_v(const AttentionArgs& a, const void* q, c
 OPENNEURON_ISA_BODY void forward_direct_body(const AttentionArgs& a, const void* q, const void* k,
                                              const void* v, void* out, float* lse, int64_t t0,
                                              int64_t t1, float* buf) {
-  switch (runtime::isa()) {
-    case runtime::Isa::kAvx512:
-      return forward_direct_v<VecF>(a, q, k, v, out, lse, t0, t1, buf);
-    case runtime::Isa::kAvx2:
-      return forward_direct_v<Vec8>(a, q, k, v, out, lse, t0, t1, buf);
-    default:
-      return forward_direct_v<Vec4>(a, q, k, v, out, lse, t0, t1, buf);
-  }
+  with_native_vec([&](auto tag) OPENNEURON_LAMBDA_INLINE {
+    forward_direct_v<typename decltype(tag)::type>(a, q, k, v, out, lse, t0, t1, buf);
+  });
 }
 OPENNEURON_ISA_DISPATCH(void, forward_direct,
                         (const AttentionArgs& a, const void* q, const void* k, const void* v,

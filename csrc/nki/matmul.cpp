@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/kernel_util.h"
@@ -55,14 +56,10 @@ OPENNEURON_INLINE void gemm_v(const float* ap, const float* bp, float* c, int64_
 
 OPENNEURON_ISA_BODY void gemm_body(const float* ap, const float* bp, float* c, int64_t ldc,
                                    int64_t Mp, int64_t K, int64_t n0) {
-  switch (runtime::isa()) {
-    case runtime::Isa::kAvx512:
-      return gemm_v<VecF, 4>(ap, bp, c, ldc, Mp, K, n0);
-    case runtime::Isa::kAvx2:
-      return gemm_v<kernels::Vec8, 2>(ap, bp, c, ldc, Mp, K, n0);
-    default:
-      return gemm_v<kernels::Vec4, 2>(ap, bp, c, ldc, Mp, K, n0);
-  }
+  kernels::with_native_vec([&](auto tag) OPENNEURON_LAMBDA_INLINE {
+    using V = typename decltype(tag)::type;
+    gemm_v<V, std::is_same_v<V, VecF> ? 4 : 2>(ap, bp, c, ldc, Mp, K, n0);
+  });
 }
 OPENNEURON_ISA_DISPATCH(void, gemm,
                         (const float* ap, const float* bp, float* c, int64_t ldc, int64_t Mp,
