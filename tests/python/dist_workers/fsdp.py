@@ -142,8 +142,11 @@ def main():
     if rank == 0:
         train(ref, batches, torch.device("cpu"))
         # NOTE: AdamW normalizes each step (|update| ~ lr): a near-zero gradient summed in
-        # another order (two half batches vs one) moves its weight by up to ~lr * 1e-2.
-        tol = {"rtol": 3e-2, "atol": 3e-3} if VARIANT == "bf16" else {"rtol": 1e-3, "atol": 1e-4}
+        # another order (two half batches vs one) moves its weight by up to ~lr * 1e-2 per step,
+        # STEPS steps (meta_clip, 12 blocks, on an AVX2-only EPYC: one of 4096 weights 1.6e-4
+        # off, bitwise the same with every OPENNEURON_ISA and MKL code path).
+        tol = ({"rtol": 3e-2, "atol": 3e-3} if VARIANT == "bf16" else
+               {"rtol": 1e-3, "atol": STEPS * 1e-2 * 1e-2})
         for n, p in ref.named_parameters():
             torch.testing.assert_close(full[n], p.detach(), **tol, msg=lambda m, n=n: f"{n}: {m}")
     dist.barrier()
