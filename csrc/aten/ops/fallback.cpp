@@ -156,8 +156,9 @@ struct Launch {
   StorageMap host{c10::DeviceType::CPU, /*keep_sources=*/false};
   const char* name = "";
   bool serial = false;  // small work: run on the executor thread alone (SerialScope)
-  // A reduced-precision matrix product run in float32 (gemm_in_float32): the written args.
-  std::vector<bool> float32_gemm_writes;
+  // A reduced-precision matrix product run in float32 (gemm_in_float32): its OpInfo's
+  // arg_is_write (OpInfos live as long as the process); nullptr otherwise.
+  const std::vector<bool>* float32_gemm_writes = nullptr;
   explicit Launch(c10::OperatorHandle o) : op(std::move(o)) {}
 
   void run() {
@@ -188,17 +189,17 @@ struct Launch {
   // reduced-precision tensors, the written ones copied back (rounded once), new results
   // rounded by copy_result.
   void redispatch() {
-    if (float32_gemm_writes.empty()) {
+    if (float32_gemm_writes == nullptr) {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
       return;
     }
     c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 1> back;
-    for (size_t i = 0; i < stack.size() && i < float32_gemm_writes.size(); ++i) {
+    for (size_t i = 0; i < stack.size() && i < float32_gemm_writes->size(); ++i) {
       if (!stack[i].isTensor()) continue;
       const at::Tensor t = stack[i].toTensor();
       if (!t.defined() || !at::isReducedFloatingType(t.scalar_type())) continue;
       at::Tensor f = t.to(at::kFloat);
-      if (float32_gemm_writes[i]) back.emplace_back(t, f);
+      if ((*float32_gemm_writes)[i]) back.emplace_back(t, f);
       stack[i] = c10::IValue(std::move(f));
     }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
@@ -395,7 +396,7 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
   auto launch = std::make_shared<Launch>(op);
   launch->name = info.name;
   launch->serial = small_work(info, args, numel);
-  if (float32_gemm) launch->float32_gemm_writes = info.arg_is_write;
+  if (float32_gemm) launch->float32_gemm_writes = &info.arg_is_write;
   launch->stack.reserve(n + info.num_returns);
   launch->deferred.reserve(n + info.num_returns);
   for (size_t i = 0; i < n; ++i) {
