@@ -20,6 +20,7 @@
 #include "config.h"
 #include "device.h"
 #include "errors.h"
+#include "graph.h"
 #include "stream_registry.h"
 
 namespace openneuron::runtime {
@@ -48,7 +49,7 @@ size_t segment_size(size_t size) {
 
 struct Block {
   DeviceIndex device = 0;
-  int64_t stream = 0;  // Stream::id on `device`
+  int64_t stream = 0;  // Stream::id on `device`, or -pool for a graph pool's block
   size_t size = 0;
   size_t requested = 0;
   uint64_t context = 0;  // the caller's id while allocated (allocator_alloc)
@@ -185,6 +186,31 @@ class DeviceCache {
     std::unique_lock<std::mutex> lk(mu_);
     process_events();
     release_cached(lk);
+  }
+
+  void pool_hold(int64_t key, int64_t stream) {
+    std::lock_guard<std::mutex> lk(mu_);
+    Pool& p = pools_[key];
+    if (p.holds++ == 0) p.stream = stream;
+  }
+
+  // The last hold gone: every block of the pool becomes a block of the pool's stream (free
+  // ones move to that stream's free list).
+  void pool_release(int64_t key) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = pools_.find(key);
+    if (it == pools_.end() || --it->second.holds > 0) return;
+    const int64_t stream = it->second.stream;
+    pools_.erase(it);
+    for (const auto& [base, head] : segments_) {
+      if (head->stream != key) continue;
+      for (Block* b = head; b != nullptr; b = b->next) {
+        BlockPool& pool = b->small ? small_ : large_;
+        const bool pooled = pool.erase(b) > 0;
+        b->stream = stream;
+        if (pooled) pool.insert(b);
+      }
+    }
   }
 
   DeviceStats stats() {
@@ -383,7 +409,7 @@ class DeviceCache {
     std::vector<Block*> segments;
     for (BlockPool* pool : {&small_, &large_}) {
       for (auto it = pool->begin(); it != pool->end();) {
-        if ((*it)->is_split()) {
+        if ((*it)->is_split() || pools_.count((*it)->stream) != 0) {  // a held graph pool
           ++it;
           continue;
         }
@@ -472,6 +498,11 @@ class DeviceCache {
   std::map<std::pair<DeviceIndex, int64_t>, std::deque<std::pair<HalEvent*, Block*>>> pending_;
   std::vector<HalEvent*> events_;  // reached events for reuse
   uint64_t limit_ = kNoLimit;      // reserved bytes allowed (set_memory_fraction)
+  struct Pool {
+    int holds = 0;
+    int64_t stream = 0;  // the stream its blocks join when released
+  };
+  std::map<int64_t, Pool> pools_;  // held graph pools, by block key (-pool id)
   double fraction_ = 1.0;          // what limit_ was set from
 };
 
@@ -528,7 +559,9 @@ void for_devices(DeviceIndex d, F f) {
 
 void* allocator_alloc(size_t bytes, const Stream& stream, uint64_t context) {
   if (bytes == 0) return nullptr;
-  Block* b = cache(stream.device()).malloc(bytes, stream.id(), context);
+  int64_t key = stream.id();
+  if (const Graph* g = stream_capture_graph(stream)) key = -static_cast<int64_t>(g->pool());
+  Block* b = cache(stream.device()).malloc(bytes, key, context);
   Shard& s = shard_of(b->ptr);
   std::lock_guard<std::mutex> lk(s.mu);
   s.blocks.emplace(b->ptr, b);
@@ -574,6 +607,14 @@ void allocator_empty_cache(DeviceIndex d) {
 }
 
 DeviceStats allocator_stats(DeviceIndex d) { return cache(d).stats(); }
+
+void allocator_pool_hold(const Stream& s, uint64_t pool) {
+  cache(s.device()).pool_hold(-static_cast<int64_t>(pool), s.id());
+}
+
+void allocator_pool_release(DeviceIndex d, uint64_t pool) {
+  cache(d).pool_release(-static_cast<int64_t>(pool));
+}
 
 void allocator_set_memory_fraction(double fraction, DeviceIndex d) {
   if (!(fraction >= 0.0 && fraction <= 1.0)) {

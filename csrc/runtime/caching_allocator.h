@@ -88,6 +88,13 @@ double allocator_memory_fraction(DeviceIndex d);  // 1.0 until set
 void allocator_reset_peak(DeviceIndex d);
 void allocator_reset_accumulated(DeviceIndex d);
 std::vector<SegmentInfo> allocator_snapshot(DeviceIndex d);
+// Graph memory pools (graph.h). While a stream captures into pool p, allocations on it take
+// blocks of p only, and blocks of p freed go back to p, never to another stream; p's free
+// blocks are never released (empty_cache) while a graph holds p. When the last hold is
+// released, p's blocks become ordinary blocks of the stream that first held it.
+void allocator_pool_hold(const Stream& s, uint64_t pool);
+void allocator_pool_release(DeviceIndex d, uint64_t pool);
+
 // Device whose allocator owns the block containing ptr; -1 if none.
 DeviceIndex allocator_device_of(const void* ptr);
 

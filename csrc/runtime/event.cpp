@@ -3,7 +3,10 @@
 // the device of the latest record.
 #include "event.h"
 
+#include <string>
 #include <utility>
+
+#include "graph.h"
 
 namespace openneuron::runtime {
 
@@ -26,12 +29,22 @@ Event& Event::operator=(Event&& o) noexcept {
 
 void Event::record(const Stream& s) {
   run_flush_hook(FlushPoint::kEventRecord);
+  if (Graph* g = stream_capture_graph(s)) {
+    g->fail(
+        "an event recorded on a stream capturing a neuron graph (events inside a graph "
+        "are not supported; record before the capture or after replay())");
+  }
   hal().event_record(event_, s.hal_stream());
   device_ = s.device();
 }
 
 void Event::block(const Stream& s) const {
   run_flush_hook(FlushPoint::kEventWait);
+  if (Graph* g = stream_capture_graph(s)) {
+    g->fail(
+        "a stream capturing a neuron graph waiting on an event (make the capture stream "
+        "wait before capture_begin)");
+  }
   hal().stream_wait_event(s.hal_stream(), event_);
 }
 

@@ -34,6 +34,9 @@ struct Work {
   const char* name = "";  // op name; must have static storage duration
   uint32_t origin = 0;    // id in the origin table (origin.h); 0 = unknown
   uint64_t seq = 0;       // per-device sequence number, set by the HAL at enqueue
+  // Whether fn may run again with the same effect, as a graph replay runs it (graph.h): it
+  // reads no state it consumes and takes no per-launch value (a random seed, a message).
+  bool replayable = false;
 };
 
 struct HalStream;  // opaque, owned by the HAL

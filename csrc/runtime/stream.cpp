@@ -6,6 +6,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 
 #include "device.h"
 #include "errors.h"
+#include "graph.h"
 #include "stream_registry.h"
 
 namespace openneuron::runtime {
@@ -28,6 +30,8 @@ struct DeviceStreams {
   std::array<std::atomic<HalStream*>, kStreamsPerDevice> hal{};
   std::array<std::atomic<uint32_t>, kPriorityLevels> next{};
   std::atomic<bool> non_default_used{false};
+  std::array<std::atomic<Graph*>, kStreamsPerDevice> capture{};
+  std::atomic<int> capturing{0};  // streams with a graph in `capture`
 };
 
 struct Registry {
@@ -95,21 +99,48 @@ void set_flush_hook(FlushHook hook) { detail::flush_hook.store(hook, std::memory
 
 void Stream::enqueue(Work work) const {
   run_flush_hook(FlushPoint::kEnqueue);
+  if (Graph* g = stream_capture_graph(*this)) {
+    g->record(std::move(work));
+    return;
+  }
   hal().stream_enqueue(hal_stream(), std::move(work));
 }
 
 void Stream::memcpy(void* dst, const void* src, size_t bytes, CopyKind kind) const {
   run_flush_hook(FlushPoint::kMemcpy);
+  if (Graph* g = stream_capture_graph(*this)) {
+    if (kind != CopyKind::DeviceToDevice) {
+      g->fail(std::string("a copy ") +
+              (kind == CopyKind::HostToDevice ? "from the host to the device"
+                                              : "from the device to the host") +
+              " on a stream capturing a neuron graph (a graph replays device work only; copy "
+              "into a static device tensor before replay() instead)");
+    }
+    Work w;
+    w.fn = [dst, src, bytes] { std::memcpy(dst, src, bytes); };
+    w.name = "memcpy DtoD";
+    w.replayable = true;
+    g->record(std::move(w));
+    return;
+  }
   hal().memcpy(dst, src, bytes, kind, hal_stream());
 }
 
 void Stream::synchronize() const {
   run_flush_hook(FlushPoint::kStreamSync);
+  if (Graph* g = stream_capture_graph(*this)) {
+    g->fail(
+        "synchronize() on a stream capturing a neuron graph (its work has not run: it is "
+        "recorded; synchronize after replay())");
+  }
   hal().stream_sync(hal_stream());
 }
 
 bool Stream::query() const {
   run_flush_hook(FlushPoint::kStreamQuery);
+  if (Graph* g = stream_capture_graph(*this)) {
+    g->fail("query() on a stream capturing a neuron graph (its work is recorded, not run)");
+  }
   DeviceStreams& ds = streams_of(device_);
   check_id(device_, id_);
   HalStream* s = ds.hal[id_].load(std::memory_order_acquire);
@@ -156,9 +187,47 @@ bool stream_non_default_used(DeviceIndex d) {
   return streams_of(d).non_default_used.load(std::memory_order_relaxed);
 }
 
+Graph* stream_capture_graph(const Stream& s) {
+  DeviceStreams& ds = streams_of(s.device());
+  if (ds.capturing.load(std::memory_order_acquire) == 0) return nullptr;
+  check_id(s.device(), s.id());
+  return ds.capture[s.id()].load(std::memory_order_acquire);
+}
+
+void stream_set_capture_graph(const Stream& s, Graph* g) {
+  DeviceStreams& ds = streams_of(s.device());
+  check_id(s.device(), s.id());
+  if (g == nullptr) {
+    if (ds.capture[s.id()].exchange(nullptr, std::memory_order_acq_rel) != nullptr) {
+      ds.capturing.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    return;
+  }
+  Graph* expected = nullptr;
+  if (!ds.capture[s.id()].compare_exchange_strong(expected, g, std::memory_order_acq_rel)) {
+    throw CaptureError("neuron:" + std::to_string(s.device()) + " stream " +
+                       std::to_string(s.id()) +
+                       " is already capturing a graph; end that capture first");
+  }
+  ds.capturing.fetch_add(1, std::memory_order_acq_rel);
+}
+
+bool device_capturing(DeviceIndex d) {
+  return streams_of(d).capturing.load(std::memory_order_acquire) != 0;
+}
+
 void stream_sync_all(DeviceIndex d) {
   DeviceStreams& ds = streams_of(d);
   run_flush_hook(FlushPoint::kStreamSync);
+  if (ds.capturing.load(std::memory_order_acquire) != 0) {
+    for (auto& slot : ds.capture) {
+      if (Graph* g = slot.load(std::memory_order_acquire)) {
+        g->fail("a device-wide synchronize while a stream of neuron:" + std::to_string(d) +
+                " captures a graph (its work is recorded, not run; synchronize after the "
+                "capture ends)");
+      }
+    }
+  }
   std::exception_ptr first;
   for (std::atomic<HalStream*>& slot : ds.hal) {
     HalStream* s = slot.load(std::memory_order_acquire);

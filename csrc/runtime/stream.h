@@ -11,6 +11,8 @@
 
 namespace openneuron::runtime {
 
+class Graph;  // graph.h
+
 // Adaptive eager (csrc/aten/fusion) keeps recorded ops pending on the host. This hook runs first
 // in every Stream/Event call that queues work, copies, or waits, so a pending group is always
 // flushed (enqueued) before anything that could observe or reorder it. nullptr = no hook.
@@ -48,6 +50,8 @@ class Stream {
   // The HAL stream, created on first use. thread-safe.
   HalStream* hal_stream() const;
 
+  // While a graph captures this stream (graph.h), enqueue and device-to-device memcpy record
+  // into it; host copies, synchronize and query throw CaptureError.
   void enqueue(Work work) const;  // see Hal::stream_enqueue
   void memcpy(void* dst, const void* src, size_t bytes, CopyKind kind) const;
   void synchronize() const;  // sync point
@@ -73,5 +77,13 @@ void stream_set_current(const Stream& s);
 // made current). While false, every block of d was allocated and used on the default stream
 // (adaptive eager relies on this to free a pending group's dead inputs early). thread-safe.
 bool stream_non_default_used(DeviceIndex d);
+
+// The graph capturing s's work, or nullptr. thread-safe, lock-free.
+Graph* stream_capture_graph(const Stream& s);
+// Starts (g) or ends (nullptr) s's capture; Graph's own. Throws CaptureError when s already
+// captures into another graph.
+void stream_set_capture_graph(const Stream& s, Graph* g);
+// Whether any stream of d captures (a device-wide sync then throws CaptureError).
+bool device_capturing(DeviceIndex d);
 
 }  // namespace openneuron::runtime

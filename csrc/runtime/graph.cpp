@@ -1,0 +1,156 @@
+// Graph capture and replay (graph.h). A capture swaps the stream's queue for a list: Stream
+// hands each item to record(), which keeps it if it can run again. A replay is one work item
+// running the list in order; the replay's error names the item that failed.
+#include "graph.h"
+
+#include <atomic>
+#include <exception>
+#include <stdexcept>
+#include <utility>
+
+#include "caching_allocator.h"
+
+namespace openneuron::runtime {
+namespace {
+
+std::atomic<uint64_t> next_pool{1};
+
+std::string stream_name(const Stream& s) {
+  return "neuron:" + std::to_string(s.device()) + " stream " + std::to_string(s.id());
+}
+
+}  // namespace
+
+uint64_t graph_pool_create() { return next_pool.fetch_add(1, std::memory_order_relaxed); }
+
+Graph::~Graph() {
+  try {
+    if (capturing_) {  // destroyed mid-capture: the stream stops capturing, nothing is kept
+      stream_set_capture_graph(stream_, nullptr);
+      capturing_.reset();
+    }
+    reset();
+  } catch (...) {  // NOTE: a destructor must not throw; reset() only fails on a dead device
+  }
+}
+
+void Graph::capture_begin(const Stream& s, uint64_t pool) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (capturing_ || items_) {
+    throw CaptureError(
+        "capture_begin on a neuron graph that already holds a capture; call "
+        "reset() first");
+  }
+  pool_ = pool != 0 ? pool : graph_pool_create();
+  stream_ = s;
+  invalid_.clear();
+  capturing_ = std::make_unique<Items>();
+  allocator_pool_hold(s, pool_);
+  holds_pool_ = true;
+  try {
+    stream_set_capture_graph(s, this);
+  } catch (...) {
+    capturing_.reset();
+    allocator_pool_release(s.device(), pool_);
+    holds_pool_ = false;
+    throw;
+  }
+}
+
+void Graph::capture_end() {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!capturing_) throw CaptureError("capture_end on a neuron graph that is not capturing");
+  stream_set_capture_graph(stream_, nullptr);
+  std::unique_ptr<Items> items = std::move(capturing_);
+  if (!invalid_.empty()) {
+    const std::string why = std::move(invalid_);
+    invalid_.clear();
+    lk.unlock();
+    items.reset();
+    reset();
+    throw CaptureError("neuron graph capture on " + stream_name(stream_) +
+                       " was invalidated: " + why);
+  }
+  items_ = std::shared_ptr<Items>(items.release());
+}
+
+void Graph::record(Work&& work) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!capturing_) {  // the capture ended between the stream's check and now
+    lk.unlock();
+    hal().stream_enqueue(stream_.hal_stream(), std::move(work));
+    return;
+  }
+  if (!work.replayable) {
+    lk.unlock();
+    fail(std::string(work.name) +
+         " cannot be captured in a neuron graph: its work cannot run twice with the same "
+         "effect (it draws random numbers from a seed taken when queued, communicates, or "
+         "reads the host); run it outside the captured region");
+  }
+  if (!invalid_.empty()) return;  // already failed: nothing recorded after
+  capturing_->work.push_back(std::move(work));
+}
+
+void Graph::fail(const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (capturing_ && invalid_.empty()) invalid_ = what;
+  }
+  throw CaptureError(what);
+}
+
+void Graph::replay(const Stream& s) {
+  std::shared_ptr<Items> items;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (capturing_) throw CaptureError("replay() of a neuron graph while it is capturing");
+    if (!items_) throw CaptureError("replay() of a neuron graph with no capture");
+    items = items_;
+  }
+  Work w;
+  w.name = "neuron graph replay";
+  w.replayable = true;  // a replay may itself be captured into another graph
+  w.fn = [items = std::move(items)] {
+    std::lock_guard<std::mutex> lk(items->mu);
+    for (Work& item : items->work) {
+      try {
+        item.fn();
+      } catch (const std::exception& e) {
+        throw std::runtime_error(std::string(item.name) +
+                                 " (in a neuron graph replay): " + e.what());
+      }
+    }
+  };
+  s.enqueue(std::move(w));
+  if (stream_capture_graph(s) != nullptr) return;  // captured into another graph: not run yet
+  std::lock_guard<std::mutex> lk(mu_);
+  replayed_on_ = s;
+  replayed_ = true;
+}
+
+void Graph::reset() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (capturing_) {
+    throw CaptureError("reset() of a neuron graph while it is capturing; call capture_end()");
+  }
+  items_.reset();  // a queued replay keeps the items it runs
+  if (!holds_pool_) return;
+  holds_pool_ = false;
+  const DeviceIndex device = stream_.device();
+  const uint64_t pool = pool_;
+  if (!replayed_) {
+    allocator_pool_release(device, pool);
+    return;
+  }
+  // NOTE: the pool's blocks may be reused once released, so the release is queued after the
+  // last replay instead of waiting for it (the caller may hold the GIL, which queued work such
+  // as a Python kernel on the executor could need).
+  Work w;
+  w.name = "neuron graph pool release";
+  w.fn = [device, pool] { allocator_pool_release(device, pool); };
+  replayed_ = false;
+  hal().stream_enqueue(replayed_on_.hal_stream(), std::move(w));
+}
+
+}  // namespace openneuron::runtime

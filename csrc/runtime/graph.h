@@ -1,0 +1,75 @@
+// Graph capture, CUDA graphs' counterpart: while a stream captures, the work queued on it is
+// recorded instead of run, and a replay queues the recorded work again as one item, on the same
+// buffers. Allocations on a capturing stream come from the graph's private memory pool
+// (caching_allocator.h), reserved until the graph is reset. Not a graph compiler: the items
+// are the launches as they were queued; nothing is fused or reordered.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "errors.h"
+#include "hal.h"
+#include "stream.h"
+
+namespace openneuron::runtime {
+
+// What a capturing stream cannot do (a sync, a host copy, work that cannot run twice). Thrown
+// at the offending call; the capture is invalidated and capture_end throws it again.
+class CaptureError : public Error {
+ public:
+  using Error::Error;
+};
+
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();  // reset(), errors swallowed
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Starts recording the work queued on s (from any thread) into this graph, which must be
+  // empty. pool: a pool id shared with other graphs (pool() of one, or graph_pool_create());
+  // 0 = a pool of its own. Throws CaptureError if s already captures or this graph is captured.
+  void capture_begin(const Stream& s, uint64_t pool = 0);
+  // Stops recording. Throws CaptureError (the graph left empty) if the capture was invalidated.
+  void capture_end();
+  // Queues the recorded work on s as one item (replays of one graph never overlap).
+  void replay(const Stream& s);
+  // Drops the recorded work and this graph's hold on its pool (released in stream order after
+  // the last replay, never waiting for it); the graph can capture again.
+  void reset();
+
+  bool captured() const { return items_ != nullptr; }
+  uint64_t pool() const { return pool_; }
+  size_t num_items() const { return items_ ? items_->work.size() : 0; }
+
+  // Called by Stream for work queued on the stream this graph captures. record() throws
+  // CaptureError for work that is not replayable; fail() invalidates the capture.
+  void record(Work&& work);
+  [[noreturn]] void fail(const std::string& what);
+
+ private:
+  struct Items {
+    std::mutex mu;  // one replay at a time: items may keep state between runs
+    std::vector<Work> work;
+  };
+  std::mutex mu_;  // capture state (work may be queued from several threads)
+  std::shared_ptr<Items> items_;
+  std::unique_ptr<Items> capturing_;
+  std::string invalid_;  // why the capture failed, empty while valid
+  Stream stream_;
+  uint64_t pool_ = 0;
+  bool holds_pool_ = false;
+  Stream replayed_on_;  // the stream of the last replay, if replayed_
+  bool replayed_ = false;
+};
+
+// A fresh pool id (torch.neuron.graph_pool_handle()); never 0.
+uint64_t graph_pool_create();
+
+}  // namespace openneuron::runtime

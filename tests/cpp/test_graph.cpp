@@ -1,0 +1,235 @@
+// gtests for graph capture (runtime/graph.h) over the process HAL: recording instead of running,
+// replays in order and repeated, what a capturing stream refuses (syncs, host copies, work that
+// cannot run twice) and the invalidated capture, errors naming the failed item, nested capture of
+// a replay, destruction mid-capture, and the graph's private memory pool (reuse inside the capture
+// only, kept by empty_cache, back to the stream after reset).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/caching_allocator.h"
+#include "runtime/errors.h"
+#include "runtime/event.h"
+#include "runtime/graph.h"
+#include "runtime/stream.h"
+#include "test_util.h"
+
+namespace openneuron::runtime {
+namespace {
+
+using testing::make_work;
+
+Work replayable(std::function<void()> fn, const char* name = "test work") {
+  Work w = make_work(std::move(fn), name);
+  w.replayable = true;
+  return w;
+}
+
+TEST(Graph, RecordsInsteadOfRunningThenReplaysInOrder) {
+  const Stream s = stream_from_pool(0);
+  std::vector<int> order;
+  Graph g;
+  g.capture_begin(s);
+  EXPECT_EQ(stream_capture_graph(s), &g);
+  s.enqueue(replayable([&] { order.push_back(1); }));
+  s.enqueue(replayable([&] { order.push_back(2); }));
+  g.capture_end();
+  EXPECT_EQ(stream_capture_graph(s), nullptr);
+  s.synchronize();
+  EXPECT_TRUE(order.empty());  // captured work has not run
+  EXPECT_EQ(g.num_items(), 2u);
+  g.replay(s);
+  g.replay(s);
+  s.synchronize();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 1, 2}));
+  // Work queued after the capture runs as usual.
+  s.enqueue(make_work([&] { order.push_back(3); }));
+  s.synchronize();
+  EXPECT_EQ(order.back(), 3);
+}
+
+TEST(Graph, ReplaysOnAnotherStreamAndOtherStreamsAreNotCaptured) {
+  const Stream s = stream_from_pool(0);
+  const Stream other = stream_from_pool(0);
+  std::atomic<int> runs{0}, outside{0};
+  Graph g;
+  g.capture_begin(s);
+  s.enqueue(replayable([&] { ++runs; }));
+  other.enqueue(make_work([&] { ++outside; }));
+  g.capture_end();
+  other.synchronize();
+  EXPECT_EQ(outside.load(), 1);
+  g.replay(other);
+  other.synchronize();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+TEST(Graph, DeviceCopyIsCapturedHostCopiesAreRefused) {
+  const Stream s = stream_from_pool(0);
+  float src = 1.0f, dst = 0.0f;
+  Graph g;
+  g.capture_begin(s);
+  s.memcpy(&dst, &src, sizeof(float), CopyKind::DeviceToDevice);
+  g.capture_end();
+  src = 7.0f;
+  g.replay(s);
+  s.synchronize();
+  EXPECT_EQ(dst, 7.0f);  // the copy ran at replay, from the captured addresses
+
+  Graph h;
+  h.capture_begin(s);
+  EXPECT_THROW(s.memcpy(&dst, &src, sizeof(float), CopyKind::HostToDevice), CaptureError);
+  try {
+    h.capture_end();
+    FAIL() << "capture_end of an invalidated capture must throw";
+  } catch (const CaptureError& e) {
+    EXPECT_NE(std::string(e.what()).find("invalidated"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("from the host to the device"), std::string::npos);
+  }
+  EXPECT_FALSE(h.captured());
+  EXPECT_EQ(stream_capture_graph(s), nullptr);
+}
+
+TEST(Graph, SyncsAndEventsOnACapturingStreamThrow) {
+  const Stream s = stream_from_pool(0);
+  Graph g;
+  g.capture_begin(s);
+  EXPECT_THROW(s.synchronize(), CaptureError);
+  EXPECT_THROW(g.capture_end(), CaptureError);
+
+  g.capture_begin(s);
+  EXPECT_TRUE(device_capturing(0));
+  EXPECT_THROW(s.query(), CaptureError);
+  EXPECT_THROW(g.capture_end(), CaptureError);
+  EXPECT_FALSE(device_capturing(0));
+
+  g.capture_begin(s);
+  Event e;
+  EXPECT_THROW(e.record(s), CaptureError);
+  EXPECT_THROW(g.capture_end(), CaptureError);
+
+  // A second capture of the same stream, and a replay of an empty graph, are errors too.
+  Graph a, b;
+  a.capture_begin(s);
+  EXPECT_THROW(b.capture_begin(s), CaptureError);
+  a.capture_end();
+  EXPECT_THROW(b.replay(s), CaptureError);
+}
+
+TEST(Graph, WorkThatCannotRunTwiceIsRefusedByName) {
+  const Stream s = stream_from_pool(0);
+  Graph g;
+  g.capture_begin(s);
+  try {
+    s.enqueue(make_work([] {}, "aten::bernoulli_"));
+    FAIL() << "a non-replayable item must be refused";
+  } catch (const CaptureError& e) {
+    EXPECT_NE(std::string(e.what()).find("aten::bernoulli_"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(g.capture_end(), CaptureError);
+}
+
+TEST(Graph, ReplayErrorNamesTheItem) {
+  const Stream s = stream_from_pool(0);
+  Graph g;
+  g.capture_begin(s);
+  s.enqueue(replayable([] { throw std::runtime_error("boom"); }, "aten::test_op"));
+  g.capture_end();
+  g.replay(s);
+  try {
+    s.synchronize();
+    FAIL() << "the replay's error must surface at the sync";
+  } catch (const AsyncError& e) {
+    EXPECT_NE(std::string(e.what()).find("aten::test_op (in a neuron graph replay): boom"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Graph, AReplayCanBeCapturedIntoAnotherGraph) {
+  const Stream s = stream_from_pool(0);
+  std::atomic<int> runs{0};
+  Graph inner, outer;
+  inner.capture_begin(s);
+  s.enqueue(replayable([&] { ++runs; }));
+  inner.capture_end();
+  outer.capture_begin(s);
+  inner.replay(s);
+  inner.replay(s);
+  outer.capture_end();
+  s.synchronize();
+  EXPECT_EQ(runs.load(), 0);
+  outer.replay(s);
+  s.synchronize();
+  EXPECT_EQ(runs.load(), 2);
+}
+
+TEST(Graph, DestroyedWhileCapturingReleasesTheStream) {
+  const Stream s = stream_from_pool(0);
+  {
+    Graph g;
+    g.capture_begin(s);
+  }
+  EXPECT_EQ(stream_capture_graph(s), nullptr);
+  std::atomic<int> runs{0};
+  s.enqueue(make_work([&] { ++runs; }));
+  s.synchronize();
+  EXPECT_EQ(runs.load(), 1);
+}
+
+TEST(Graph, PoolBlocksAreTheGraphsUntilReset) {
+  const Stream s = stream_from_pool(1);
+  constexpr size_t kBytes = 4096;
+  Graph g;
+  g.capture_begin(s);
+  void* a = allocator_alloc(kBytes, s);
+  allocator_free(a);                     // freed inside the capture...
+  void* b = allocator_alloc(kBytes, s);  // ...reused inside it, as replay order allows
+  EXPECT_EQ(a, b);
+  g.capture_end();
+  allocator_free(b);
+  // Outside the capture the stream never takes the pool's blocks, and empty_cache keeps them.
+  void* c = allocator_alloc(kBytes, s);
+  EXPECT_NE(c, b);
+  allocator_empty_cache(1);
+  bool pool_kept = false;
+  for (const SegmentInfo& seg : allocator_snapshot(1)) {
+    const auto p = reinterpret_cast<uint64_t>(b);
+    pool_kept |= p >= seg.address && p < seg.address + seg.total_size;
+  }
+  EXPECT_TRUE(pool_kept);
+  allocator_free(c);
+  // After reset the pool's memory is the stream's again: reused, or released by empty_cache.
+  g.reset();
+  void* d = allocator_alloc(kBytes, s);
+  EXPECT_TRUE(d == b || d == c);
+  allocator_free(d);
+  allocator_empty_cache(1);
+  EXPECT_EQ(allocator_stats(1).reserved_bytes[kStatAggregate].current, 0);
+}
+
+TEST(Graph, GraphsShareAPool) {
+  const Stream s = stream_from_pool(1);
+  const uint64_t pool = graph_pool_create();
+  Graph g1, g2;
+  g1.capture_begin(s, pool);
+  void* a = allocator_alloc(4096, s);
+  g1.capture_end();
+  allocator_free(a);
+  g2.capture_begin(s, pool);
+  void* b = allocator_alloc(4096, s);  // the shared pool's block freed after g1's capture
+  g2.capture_end();
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(g1.pool(), g2.pool());
+  allocator_free(b);
+  g1.reset();
+  g2.reset();
+  allocator_empty_cache(1);
+  EXPECT_EQ(allocator_stats(1).reserved_bytes[kStatAggregate].current, 0);
+}
+
+}  // namespace
+}  // namespace openneuron::runtime
