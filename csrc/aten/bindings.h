@@ -8,6 +8,7 @@ namespace openneuron::aten {
 
 void bind_device(pybind11::module_& m);       // device.cpp: count, current, properties, sync
 void bind_streams(pybind11::module_& m);      // streams.cpp: current/default stream, set_stream
+void bind_graphs(pybind11::module_& m);       // streams.cpp: graph capture (called by bind_streams)
 void bind_memory(pybind11::module_& m);       // allocator.cpp: stats, empty_cache, mem_get_info
 void bind_random(pybind11::module_& m);       // generator.cpp: default generators
 void bind_ops(pybind11::module_& m);          // ops/: ops_report and fallback counters

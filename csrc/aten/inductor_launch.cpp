@@ -13,6 +13,8 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "aten/bindings.h"
 #include "aten/ops/enqueue.h"
@@ -22,29 +24,31 @@
 namespace openneuron::aten {
 namespace {
 
-// run(ctx) on the stream, then drop(ctx); `name` (static storage) names the work item. Returns
-// null, or (the context dropped) why the launch failed, valid until the next call on this thread.
+// run(ctx) on the stream; drop(ctx) when the work item is destroyed (after its last run: a
+// graph may replay it). `name` (static storage) names the work item. Returns null, or (the
+// context dropped) why the launch failed, valid until the next call on this thread.
+// NOTE: the context holds the arguments' pointers and malloc'd copies of CPU scalars only,
+// never Python objects, so it may live until the queue slot is reused.
 extern "C" const char* openneuron_enqueue_kernel(void (*run)(void*), void* ctx, void (*drop)(void*),
                                                  const char* name) {
-  struct Owned {
+  struct Launch {
     void (*run)(void*);
     void* ctx;
     void (*drop)(void*);
+    Launch(void (*r)(void*), void* c, void (*d)(void*)) : run(r), ctx(c), drop(d) {}
+    Launch(Launch&& o) noexcept : run(o.run), ctx(std::exchange(o.ctx, nullptr)), drop(o.drop) {}
+    Launch(const Launch&) = delete;
+    Launch& operator=(const Launch&) = delete;
+    Launch& operator=(Launch&&) = delete;
+    ~Launch() {
+      if (ctx != nullptr) drop(ctx);
+    }
+    void operator()() const { run(ctx); }
   };
-  Owned o{run, ctx, drop};
-  // NOTE: the context is freed by the work item itself, right after the kernel: a queued
-  // closure is destroyed only when its slot is reused (runtime/hal.h).
+  Launch launch(run, ctx, drop);
   try {
-    enqueue_op(runtime::stream_current(runtime::device_current()), name, [o] {
-      struct Free {
-        void (*drop)(void*);
-        void* ctx;
-        ~Free() { drop(ctx); }
-      } free_ctx{o.drop, o.ctx};
-      o.run(o.ctx);
-    });
+    enqueue_op(runtime::stream_current(runtime::device_current()), name, std::move(launch));
   } catch (const std::exception& e) {
-    drop(ctx);
     thread_local std::string message;
     message = e.what();
     return message.c_str();
@@ -93,6 +97,21 @@ extern "C" void* openneuron_kernel_arg(PyObject* obj, int read_only, void** owne
 }  // namespace
 
 void bind_inductor(pybind11::module_& m) {
+  // Whether inputs[idxs[k]] still has data pointer ptrs[k] for every k: a replayed graph's
+  // static inputs (openneuron/_inductor/graphs.py), checked on every call.
+  m.def("_inductor_data_ptrs_equal",
+        [](const pybind11::list& inputs, const std::vector<int64_t>& idxs,
+           const std::vector<uintptr_t>& ptrs) {
+          const Py_ssize_t n = PyList_GET_SIZE(inputs.ptr());
+          for (size_t k = 0; k < idxs.size() && k < ptrs.size(); ++k) {
+            if (idxs[k] < 0 || idxs[k] >= n) return false;
+            PyObject* o = PyList_GET_ITEM(inputs.ptr(), idxs[k]);
+            if (!THPVariable_Check(o)) return false;
+            if (reinterpret_cast<uintptr_t>(THPVariable_Unpack(o).data_ptr()) != ptrs[k])
+              return false;
+          }
+          return true;
+        });
   m.def("_inductor_enqueue_address",
         [] { return reinterpret_cast<uintptr_t>(&openneuron_enqueue_kernel); });
   m.def("_inductor_arg_address",

@@ -74,9 +74,12 @@ void nki_launch(const NkiProgramHandle& h, const std::vector<at::Tensor>& buffer
     const PhiloxState st = gen->philox_state(4);
     seed = st.seed * 0x9E3779B97F4A7C15ull + st.offset;
   }
-  enqueue_op(*device, h.work_name, [program = h.program, slots = std::move(slots), seed] {
-    nki::program_run(*program, slots.data(), seed);
-  });
+  enqueue_op(
+      *device, h.work_name,
+      [program = h.program, slots = std::move(slots), seed] {
+        nki::program_run(*program, slots.data(), seed);
+      },
+      origin_capture(), !p.random);
 }
 
 void nki_run_host(const NkiProgramHandle& h, const std::vector<uintptr_t>& addresses,

@@ -1,12 +1,14 @@
 // Stream bindings of openneuron._C: the calling thread's current stream, a device's default
 // stream, and set_stream, as (stream_id, device_index, device_type) triples that torch.Stream
-// takes. Conversions live in streams.h; the c10 guard (guard.cpp) serves torch.Stream itself.
+// takes; graph capture (`_NeuronGraph`, runtime/graph.h) on the current stream.
+// Conversions live in streams.h; the c10 guard (guard.cpp) serves torch.Stream itself.
 #include "aten/streams.h"
 
 #include <pybind11/pybind11.h>
 
 #include "aten/bindings.h"
 #include "aten/errors.h"
+#include "runtime/graph.h"
 
 namespace openneuron::aten {
 namespace {
@@ -50,6 +52,42 @@ void bind_streams(py::module_& m) {
       py::arg("device") = -1);
   m.def("_set_stream", &set_stream, py::arg("stream_id"), py::arg("device_index"),
         py::arg("device_type"));
+  bind_graphs(m);
+}
+
+void bind_graphs(py::module_& m) {
+  using runtime::Graph;
+  // NOTE: the GIL is released where a call may wait for the device (a full queue, the last
+  // replay before a reset); captured work never needs it.
+  py::class_<Graph>(m, "_NeuronGraph")
+      .def(py::init<>())
+      .def(
+          "capture_begin",
+          [](Graph& g, uint64_t pool) {
+            with_torch_errors([&] { g.capture_begin(current_runtime_stream(-1), pool); });
+          },
+          py::arg("pool") = 0)
+      .def("capture_end", [](Graph& g) { with_torch_errors([&] { g.capture_end(); }); })
+      .def(
+          "replay",
+          [](Graph& g) { with_torch_errors([&] { g.replay(current_runtime_stream(-1)); }); },
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "reset", [](Graph& g) { with_torch_errors([&] { g.reset(); }); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("pool", &Graph::pool)
+      .def("num_items", &Graph::num_items)
+      .def("captured", &Graph::captured);
+  m.def("_graph_pool_create", &runtime::graph_pool_create);
+  m.def(
+      "_stream_capturing",
+      [](int64_t stream_id, int device) {
+        return with_torch_errors([&] {
+          const int d = device < 0 ? runtime::device_current() : device;
+          return runtime::stream_capture_graph(runtime::stream_from_id(d, stream_id)) != nullptr;
+        });
+      },
+      py::arg("stream_id"), py::arg("device") = -1);
 }
 
 }  // namespace openneuron::aten

@@ -39,6 +39,7 @@ from .fusion import (
     set_fusion_log,
     set_fusion_max_ops,
 )
+from .graphs import NeuronGraph, graph, graph_pool_handle
 from .memory import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -89,12 +90,13 @@ OutOfMemoryError = _torch.OutOfMemoryError
 
 # NOTE: `import torch.neuron.amp` (or `from torch.neuron.amp import autocast`) must find these
 # modules, not import a second copy of them under the torch.neuron name.
-for _name in ("amp", "nvtx", "memory", "profiler", "random", "streams"):
+for _name in ("amp", "graphs", "memory", "profiler", "random", "streams"):
     _sys.modules.setdefault(f"torch.neuron.{_name}", _sys.modules[f"{__name__}.{_name}"])
 del _name
 
 __all__ = [
     "Event",
+    "NeuronGraph",
     "OutOfMemoryError",
     "Stream",
     "StreamContext",
@@ -116,6 +118,8 @@ __all__ = [
     "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
+    "graph",
+    "graph_pool_handle",
     "host_memory_stats",
     "init",
     "initial_seed",

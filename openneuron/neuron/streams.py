@@ -138,9 +138,11 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 
 
 def is_current_stream_capturing() -> bool:
-    """Always False: neuron streams have no graph capture (torch.cuda.graphs has no counterpart).
+    """Whether the current stream is capturing a graph (torch.neuron.graph / NeuronGraph).
 
-    Libraries ask this before work that capture forbids (a sync, an allocation); on neuron such
-    work is always allowed.
+    Libraries ask this before work that capture forbids (a sync, an allocation outside the
+    graph's pool, a host copy).
     """
-    return False
+    if not torch.neuron.is_initialized():
+        return False
+    return _C._stream_capturing(current_stream().stream_id, -1)

@@ -240,7 +240,12 @@ def test_deprecated_memory_spellings():
     assert torch.neuron.max_memory_reserved() == torch.neuron.memory_reserved()
 
 
-def test_no_graph_capture_and_nothing_to_ipc_collect():
+def test_graph_spellings_and_nothing_to_ipc_collect():
+    # torch.cuda.CUDAGraph / graph / graph_pool_handle: tests/python/test_graphs.py
+    assert torch.neuron.is_current_stream_capturing() is False
+    g = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(g, pool=torch.neuron.graph_pool_handle()):
+        assert torch.neuron.is_current_stream_capturing() is True
     assert torch.neuron.is_current_stream_capturing() is False
     before = torch.neuron.memory_allocated()
     torch.neuron.ipc_collect()

@@ -94,12 +94,15 @@ std::chrono::milliseconds NeuronWork::bound() const {
 void NeuronWork::enqueue_completion(const runtime::Stream& comm) {
   // NOTE: the item holds the completion only, never tensors (a queued closure is destroyed
   // late, by the thread that next reuses its slot).
-  enqueue_op(comm, item_name_, [c = completion_, bound = bound(), what = describe_] {
-    if (!c->wait(bound))
-      throw std::runtime_error("neuron collectives: " + what + " did not complete within " +
-                               std::to_string(bound.count()) + " ms");
-    if (std::exception_ptr e = c->error(); e && c->claim_report()) std::rethrow_exception(e);
-  });
+  enqueue_op(
+      comm, item_name_,
+      [c = completion_, bound = bound(), what = describe_] {
+        if (!c->wait(bound))
+          throw std::runtime_error("neuron collectives: " + what + " did not complete within " +
+                                   std::to_string(bound.count()) + " ms");
+        if (std::exception_ptr e = c->error(); e && c->claim_report()) std::rethrow_exception(e);
+      },
+      origin_capture(), false);
   done_event_ = std::make_unique<runtime::Event>();
   done_event_->record(comm);
   if (future_->hasValue() || future_->devices().empty()) return;

@@ -402,6 +402,7 @@ void Recorder::flush(const char* reason, std::vector<c10::Storage>* garbage) {
       }
       runtime::Work work;
       work.name = "adaptive_eager::fused";
+      work.replayable = true;  // pointers and strides only: a graph may replay it
       work.fn = [l = std::move(l)] {
         const int nin = l->kernel->num_inputs();
         const int nout = l->kernel->num_outputs();

@@ -4,6 +4,9 @@
 // without the C++ backtrace), reported asynchronously at the next sync as on CUDA.
 // NOTE: fn captures raw device pointers / host views only, never tensors (stream-ordered frees
 // keep the memory valid until the work has run, as on CUDA; see host_views.h).
+// replayable: fn may run again with the same effect, so a graph may capture it
+// (runtime/graph.h); false for work that consumes state or takes a per-launch value (a random
+// seed), which a capturing stream then rejects with an error naming the op.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -22,10 +25,11 @@ namespace openneuron::aten {
 // name: static storage (the trace and error reports keep the pointer).
 template <class F>
 void enqueue_op(const runtime::Stream& stream, const char* name, F&& fn,
-                uint32_t origin = origin_capture()) {
+                uint32_t origin = origin_capture(), bool replayable = true) {
   runtime::Work work;
   work.name = name;
   work.origin = origin;
+  work.replayable = replayable;
   work.fn = [fn = std::forward<F>(fn)]() mutable {
     try {
       fn();
@@ -38,8 +42,10 @@ void enqueue_op(const runtime::Stream& stream, const char* name, F&& fn,
 
 // On the current stream of `device`.
 template <class F>
-void enqueue_op(c10::Device device, const char* name, F&& fn, uint32_t origin = origin_capture()) {
-  enqueue_op(runtime::stream_current(device.index()), name, std::forward<F>(fn), origin);
+void enqueue_op(c10::Device device, const char* name, F&& fn, uint32_t origin = origin_capture(),
+                bool replayable = true) {
+  enqueue_op(runtime::stream_current(device.index()), name, std::forward<F>(fn), origin,
+             replayable);
 }
 
 }  // namespace openneuron::aten

@@ -156,53 +156,63 @@ struct Launch {
   StorageMap host{c10::DeviceType::CPU, /*keep_sources=*/false};
   const char* name = "";
   bool serial = false;  // small work: run on the executor thread alone (SerialScope)
+  bool keep = false;    // queued on a capturing stream: run() keeps stack and copy_targets
   // A reduced-precision matrix product run in float32 (gemm_in_float32): its OpInfo's
   // arg_is_write (OpInfos live as long as the process); nullptr otherwise.
   const std::vector<bool>* float32_gemm_writes = nullptr;
   explicit Launch(c10::OperatorHandle o) : op(std::move(o)) {}
 
   void run() {
+    if (keep) {  // captured in a graph: every run starts from the arguments as queued
+      torch::jit::Stack args = stack;
+      std::vector<c10::IValue> targets = copy_targets;
+      run_on(args, targets);
+      return;
+    }
+    run_on(stack, copy_targets);
+    // The closure may outlive this run (hal.h): drop host results and views now.
+    stack.clear();
+    copy_targets.clear();
+  }
+
+  void run_on(torch::jit::Stack& args, std::vector<c10::IValue>& targets) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     SerialScope serial_scope(serial);
     c10::SmallVector<std::pair<at::Tensor, const Deferred*>, 4> written;
     for (const auto& d : deferred) {
       at::Tensor view = host.view_of(d.buffer, d.geom);
       if (d.written) written.emplace_back(view, &d);
-      (d.target ? copy_targets[d.slot] : stack[d.slot]) = c10::IValue(std::move(view));
+      (d.target ? targets[d.slot] : args[d.slot]) = c10::IValue(std::move(view));
     }
     if (written.empty()) {
-      redispatch();
+      redispatch(args);
     } else {
       ResizeWarningFilter filter(c10::WarningUtils::get_warning_handler());
       c10::WarningUtils::WarningHandlerGuard guard(&filter);
-      redispatch();
+      redispatch(args);
     }
     for (const auto& [view, d] : written) fix_output(view, *d);
-    for (size_t r = 0; r < copy_targets.size() && r < stack.size(); ++r)
-      copy_result(copy_targets[r], stack[r]);
-    // The closure may outlive this run (hal.h): drop host results and views now.
-    stack.clear();
-    copy_targets.clear();
+    for (size_t r = 0; r < targets.size() && r < args.size(); ++r) copy_result(targets[r], args[r]);
   }
 
   // The CPU kernel on the stack; a float32 matrix product: the op on float32 copies of its
   // reduced-precision tensors, the written ones copied back (rounded once), new results
   // rounded by copy_result.
-  void redispatch() {
+  void redispatch(torch::jit::Stack& args) {
     if (float32_gemm_writes == nullptr) {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &args);
       return;
     }
     c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 1> back;
-    for (size_t i = 0; i < stack.size() && i < float32_gemm_writes->size(); ++i) {
-      if (!stack[i].isTensor()) continue;
-      const at::Tensor t = stack[i].toTensor();
+    for (size_t i = 0; i < args.size() && i < float32_gemm_writes->size(); ++i) {
+      if (!args[i].isTensor()) continue;
+      const at::Tensor t = args[i].toTensor();
       if (!t.defined() || !at::isReducedFloatingType(t.scalar_type())) continue;
       at::Tensor f = t.to(at::kFloat);
       if ((*float32_gemm_writes)[i]) back.emplace_back(t, f);
-      stack[i] = c10::IValue(std::move(f));
+      args[i] = c10::IValue(std::move(f));
     }
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &args);
     for (auto& [t, f] : back) t.copy_(f);
   }
 
@@ -419,7 +429,11 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
       launch->copy_targets[r] = host_arg(returns[r], ArgKind::Other, launch->host, nullptr);
     }
   }
-  enqueue_op(device, info.name, [launch] { launch->run(); });
+  const runtime::Stream stream = runtime::stream_current(device.index());
+  launch->keep = runtime::stream_capture_graph(stream) != nullptr;
+  // A random op's generator state is taken here, once: a replay would repeat its numbers.
+  enqueue_op(
+      stream, info.name, [launch] { launch->run(); }, origin_capture(), !philox);
   torch::jit::drop(*stack, n);
   for (auto& r : returns) stack->push_back(std::move(r));
 }

@@ -165,7 +165,7 @@ void sync_fallback(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stac
   // NOTE: a raw pointer: this function waits for the work, and the closure may outlive it
   // (hal.h), so it must not keep run's device tensors alive. No origin: errors are raised here.
   enqueue_op(
-      stream, info.name, [r = run.get()] { r->run(); }, 0);
+      stream, info.name, [r = run.get()] { r->run(); }, 0, false);
   wait_stream(stream);
   if (run->error) std::rethrow_exception(run->error);
 
