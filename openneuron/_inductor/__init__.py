@@ -66,7 +66,7 @@ def _register_inductor() -> None:
         register_device_op_overrides,
     )
 
-    from openneuron._inductor import codegen, flex_attention
+    from openneuron._inductor import codegen, flex_attention, graphs
 
     register_device_op_overrides("neuron", codegen.NeuronDeviceOpOverrides())
     register_backend_for_device("neuron", codegen.NeuronScheduling,
@@ -75,6 +75,7 @@ def _register_inductor() -> None:
     codegen._patch_current_backend()
     codegen._patch_scheduler()
     flex_attention.patch_lowering()
+    graphs.install()
 
 
 def _async_compile(module) -> None:

@@ -156,8 +156,8 @@ def _patch_current_backend() -> None:
 class NeuronPostGradPass(CustomGraphModulePass):
     """Runs on graphs with neuron tensors after AOTAutograd; changes nothing yet. Its uuid keys
     Inductor's FX-graph and AOTAutograd caches with this package's code generation (the source
-    of codegen.py, codecache.py, flex_attention.py and CODEGEN_VERSION), so an artifact built
-    by another version never loads."""
+    of codegen.py, codecache.py, flex_attention.py, graphs.py and CODEGEN_VERSION), so an
+    artifact built by another version never loads."""
 
     def __call__(self, gm: torch.fx.GraphModule) -> None:
         return None
@@ -172,6 +172,6 @@ def _codegen_hash() -> str:
 
     here = Path(__file__).resolve().parent
     h = hashlib.sha256(CODEGEN_VERSION.encode())
-    for name in ("codegen.py", "codecache.py", "flex_attention.py"):
+    for name in ("codegen.py", "codecache.py", "flex_attention.py", "graphs.py"):
         h.update((here / name).read_bytes())
     return h.hexdigest()
