@@ -35,6 +35,9 @@ Graph::~Graph() {
 }
 
 void Graph::capture_begin(const Stream& s, uint64_t pool) {
+  // NOTE: ops held back by adaptive eager go out first, uncaptured (and at capture_end, into
+  // the graph); unlocked: a flush enqueues, which record() would lock for.
+  run_flush_hook(FlushPoint::kGraphCapture);
   std::lock_guard<std::mutex> lk(mu_);
   if (capturing_ || items_) {
     throw CaptureError(
@@ -58,6 +61,7 @@ void Graph::capture_begin(const Stream& s, uint64_t pool) {
 }
 
 void Graph::capture_end() {
+  run_flush_hook(FlushPoint::kGraphCapture);
   std::unique_lock<std::mutex> lk(mu_);
   if (!capturing_) throw CaptureError("capture_end on a neuron graph that is not capturing");
   stream_set_capture_graph(stream_, nullptr);

@@ -24,7 +24,8 @@ enum class FlushPoint : uint8_t {
   kEventRecord,
   kEventWait,
   kEventQuery,
-  kEventSync
+  kEventSync,
+  kGraphCapture  // a graph capture begins or ends (graph.h)
 };
 using FlushHook = void (*)(FlushPoint);
 void set_flush_hook(FlushHook hook);

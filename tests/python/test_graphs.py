@@ -171,6 +171,28 @@ def test_graphs_share_a_pool_and_memory_returns_to_baseline():
     assert torch.neuron.memory_reserved() == torch.neuron.memory_allocated() == base_alloc
 
 
+def test_ops_held_by_adaptive_eager_are_captured():
+    # A pending fused group is flushed when a capture begins (outside it) and ends (into it).
+    was = torch.neuron.is_fusion_enabled()
+    torch.neuron.set_fusion_enabled(True)
+    try:
+        a = torch.randn(1000, device=DEV)
+        before = a * 5  # pending when the capture begins: runs once, uncaptured
+        g = torch.neuron.NeuronGraph()
+        with torch.neuron.graph(g):
+            b = (a * 2 + 1).tanh() * 3
+        assert g.num_items() >= 1
+        first = a.cpu()
+        torch.testing.assert_close(before.cpu(), first * 5)
+        for _ in range(2):
+            v = torch.randn(1000)
+            a.copy_(v.to(DEV))
+            g.replay()
+            torch.testing.assert_close(b.cpu(), (v * 2 + 1).tanh() * 3)
+    finally:
+        torch.neuron.set_fusion_enabled(was)
+
+
 def test_reset_then_capture_again():
     x = torch.ones(4, device=DEV)
     g = torch.neuron.NeuronGraph()

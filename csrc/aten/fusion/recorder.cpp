@@ -534,6 +534,8 @@ const char* flush_point_name(runtime::FlushPoint p) {
       return "event query";
     case runtime::FlushPoint::kEventSync:
       return "event synchronize";
+    case runtime::FlushPoint::kGraphCapture:
+      return "graph capture";
   }
   return "runtime call";
 }
