@@ -6,7 +6,7 @@ BUILD := build
 # NOTE: one build at a time in a build folder (several shells may run make at once).
 LOCKED := flock $(BUILD)/.lock
 
-.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir bench-shm bench-collectives bench-distributed bench-compile bench-nki lint asan tsan clean
+.PHONY: all setup build test test-cpp test-python test-fusion test-isa demo finetune bench bench-training bench-kernels bench-fusion bench-decode bench-ir bench-shm bench-collectives bench-distributed bench-compile bench-graphs bench-nki lint asan tsan clean
 
 all: build
 
@@ -70,6 +70,9 @@ bench-fusion: build
 
 bench-decode: build
 	$(PY) benchmarks/decode.py --compiled
+
+bench-graphs: build
+	$(PY) benchmarks/graphs.py
 
 bench-collectives: build
 	$(PY) benchmarks/collectives.py
