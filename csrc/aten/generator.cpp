@@ -76,7 +76,7 @@ c10::intrusive_ptr<c10::TensorImpl> NeuronGenerator::get_state() const {
 }
 
 PhiloxState NeuronGenerator::philox_state(uint64_t increment) {
-  increment = (increment + 3) / 4 * 4;
+  increment = philox_increment(increment);
   PhiloxState state{seed_, offset_};
   offset_ += increment;
   return state;

@@ -31,8 +31,9 @@ class NeuronGenerator : public c10::GeneratorImpl {
   static c10::DeviceType device_type() { return c10::DeviceType::PrivateUse1; }
 
   // The state for one random op, advancing the offset by `increment` (rounded up to 4, as
-  // Philox draws 4 values per counter). Callers hold mutex_.
+  // Philox draws 4 values per counter: philox_increment). Callers hold mutex_.
   PhiloxState philox_state(uint64_t increment);
+  static uint64_t philox_increment(uint64_t increment) { return (increment + 3) / 4 * 4; }
 
  private:
   NeuronGenerator* clone_impl() const override;

@@ -8,6 +8,7 @@
 
 #include "aten/bindings.h"
 #include "aten/errors.h"
+#include "aten/generator.h"
 #include "runtime/graph.h"
 
 namespace openneuron::aten {
@@ -70,7 +71,19 @@ void bind_graphs(py::module_& m) {
       .def("capture_end", [](Graph& g) { with_torch_errors([&] { g.capture_end(); }); })
       .def(
           "replay",
-          [](Graph& g) { with_torch_errors([&] { g.replay(current_runtime_stream(-1)); }); },
+          [](Graph& g) {
+            with_torch_errors([&] {
+              // The generator state its random ops draw from, taken now, as each op would.
+              runtime::ReplayRng rng;
+              if (g.rng_increment() > 0) {
+                NeuronGenerator* gen = generator_or_default(std::nullopt, g.device());
+                std::lock_guard<std::mutex> lock(gen->mutex_);
+                const PhiloxState st = gen->philox_state(g.rng_increment());
+                rng = {st.seed, st.offset};
+              }
+              g.replay(current_runtime_stream(-1), rng);
+            });
+          },
           py::call_guard<py::gil_scoped_release>())
       .def(
           "reset", [](Graph& g) { with_torch_errors([&] { g.reset(); }); },

@@ -14,6 +14,7 @@ namespace openneuron::runtime {
 namespace {
 
 std::atomic<uint64_t> next_pool{1};
+thread_local const ReplayRng* tl_replay_rng = nullptr;
 
 std::string stream_name(const Stream& s) {
   return "neuron:" + std::to_string(s.device()) + " stream " + std::to_string(s.id());
@@ -22,6 +23,16 @@ std::string stream_name(const Stream& s) {
 }  // namespace
 
 uint64_t graph_pool_create() { return next_pool.fetch_add(1, std::memory_order_relaxed); }
+
+const ReplayRng* graph_replay_rng() { return tl_replay_rng; }
+
+uint64_t Graph::rng_reserve(uint64_t increment) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!capturing_) throw CaptureError("rng_reserve on a neuron graph that is not capturing");
+  const uint64_t at = rng_increment_;
+  rng_increment_ += increment;
+  return at;
+}
 
 Graph::~Graph() {
   try {
@@ -46,6 +57,7 @@ void Graph::capture_begin(const Stream& s, uint64_t pool) {
   }
   pool_ = pool != 0 ? pool : graph_pool_create();
   stream_ = s;
+  rng_increment_ = 0;
   invalid_.clear();
   capturing_ = std::make_unique<Items>();
   allocator_pool_hold(s, pool_);
@@ -104,19 +116,29 @@ void Graph::fail(const std::string& what) {
   throw CaptureError(what);
 }
 
-void Graph::replay(const Stream& s) {
+void Graph::replay(const Stream& s, ReplayRng rng) {
   std::shared_ptr<Items> items;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (capturing_) throw CaptureError("replay() of a neuron graph while it is capturing");
     if (!items_) throw CaptureError("replay() of a neuron graph with no capture");
+    if (rng_increment_ > 0 && stream_capture_graph(s) != nullptr) {
+      throw CaptureError(
+          "replay() of a neuron graph that draws random numbers, inside another "
+          "capture: the outer graph would repeat its numbers on every replay");
+    }
     items = items_;
   }
   Work w;
   w.name = "neuron graph replay";
   w.replayable = true;  // a replay may itself be captured into another graph
-  w.fn = [items = std::move(items)] {
+  w.fn = [items = std::move(items), rng] {
     std::lock_guard<std::mutex> lk(items->mu);
+    struct Scope {  // the replay's generator state for its random ops, restored on unwinding
+      const ReplayRng* saved = tl_replay_rng;
+      explicit Scope(const ReplayRng* r) { tl_replay_rng = r; }
+      ~Scope() { tl_replay_rng = saved; }
+    } scope(&rng);
     for (Work& item : items->work) {
       try {
         item.fn();

@@ -25,6 +25,18 @@ class CaptureError : public Error {
   using Error::Error;
 };
 
+// Random numbers in a graph, as CUDA's graph-safe RNG: a random op captured reserves its share
+// of the generator's stream (Graph::rng_reserve: an offset relative to the graph's start); each
+// replay is queued with the generator's (seed, offset) for the whole graph, taken when replay()
+// is called, and the op reads seed and offset + its share while the replay runs. A replay thus
+// draws what running the captured ops in order would draw from that state.
+struct ReplayRng {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+// While a replay runs (on its executor thread): the state it was queued with; else nullptr.
+const ReplayRng* graph_replay_rng();
+
 class Graph {
  public:
   Graph() = default;
@@ -39,13 +51,19 @@ class Graph {
   // Stops recording. Throws CaptureError (the graph left empty) if the capture was invalidated.
   void capture_end();
   // Queues the recorded work on s as one item (replays of one graph never overlap).
-  void replay(const Stream& s);
+  // rng: the generator state for the graph's random ops (rng_increment() offsets of it).
+  void replay(const Stream& s, ReplayRng rng = {});
   // Drops the recorded work and this graph's hold on its pool (released in stream order after
   // the last replay, never waiting for it); the graph can capture again.
   void reset();
 
   bool captured() const { return items_ != nullptr; }
   uint64_t pool() const { return pool_; }
+  DeviceIndex device() const { return stream_.device(); }  // of the capture
+  // While capturing: reserves `increment` offsets of the generator stream for a random op and
+  // returns where they start, relative to the replay's offset. Total reserved so far:
+  uint64_t rng_reserve(uint64_t increment);
+  uint64_t rng_increment() const { return rng_increment_; }
   size_t num_items() const { return items_ ? items_->work.size() : 0; }
 
   // Called by Stream for work queued on the stream this graph captures. record() throws
@@ -64,6 +82,7 @@ class Graph {
   std::string invalid_;  // why the capture failed, empty while valid
   Stream stream_;
   uint64_t pool_ = 0;
+  uint64_t rng_increment_ = 0;
   bool holds_pool_ = false;
   Stream replayed_on_;  // the stream of the last replay, if replayed_
   bool replayed_ = false;

@@ -1,7 +1,8 @@
 // gtests for graph capture (runtime/graph.h) over the process HAL: recording instead of running,
 // replays in order and repeated, what a capturing stream refuses (syncs, host copies, work that
 // cannot run twice) and the invalidated capture, errors naming the failed item, nested capture of
-// a replay, destruction mid-capture, and the graph's private memory pool (reuse inside the capture
+// a replay, destruction mid-capture, the generator state of each replay, and the graph's private
+// memory pool (reuse inside the capture
 // only, kept by empty_cache, back to the stream after reset).
 #include <gtest/gtest.h>
 
@@ -178,6 +179,31 @@ TEST(Graph, DestroyedWhileCapturingReleasesTheStream) {
   s.enqueue(make_work([&] { ++runs; }));
   s.synchronize();
   EXPECT_EQ(runs.load(), 1);
+}
+
+TEST(Graph, ReplaysCarryTheGeneratorStateTheyWereQueuedWith) {
+  const Stream s = stream_from_pool(0);
+  Graph g;
+  g.capture_begin(s);
+  EXPECT_EQ(g.rng_reserve(8), 0u);  // two random ops' shares, relative to the replay's offset
+  EXPECT_EQ(g.rng_reserve(4), 8u);
+  std::vector<uint64_t> seen;
+  s.enqueue(replayable([&] {
+    const ReplayRng* r = graph_replay_rng();
+    seen.push_back(r != nullptr ? r->offset : ~uint64_t{0});
+  }));
+  g.capture_end();
+  EXPECT_EQ(g.rng_increment(), 12u);
+  g.replay(s, {1, 100});
+  g.replay(s, {1, 112});
+  s.synchronize();
+  EXPECT_EQ(seen, (std::vector<uint64_t>{100, 112}));
+  EXPECT_EQ(graph_replay_rng(), nullptr);  // only inside a replay
+  // A replay that draws random numbers cannot itself be captured: its numbers would repeat.
+  Graph outer;
+  outer.capture_begin(s);
+  EXPECT_THROW(g.replay(s, {1, 124}), CaptureError);
+  outer.capture_end();
 }
 
 TEST(Graph, PoolBlocksAreTheGraphsUntilReset) {

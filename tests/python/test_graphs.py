@@ -94,18 +94,19 @@ def test_whole_training_step_captured_matches_eager(optimizer):
         torch.testing.assert_close(p.detach().cpu(), q.detach().cpu(), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("case", ["item", "synchronize", "host_copy", "random", "event"])
+@pytest.mark.parametrize("case", ["item", "synchronize", "host_copy", "own_generator", "event"])
 def test_what_a_capture_refuses_is_an_error_naming_it(case):
     x = torch.randn(4, 4, device=DEV)
+    gen = torch.Generator(DEV).manual_seed(0)
     body = {
         "item": lambda: x.sum().item(),
         "synchronize": torch.neuron.synchronize,
         "host_copy": lambda: x.cpu(),
-        "random": lambda: torch.nn.functional.dropout(x, 0.5),
+        "own_generator": lambda: x.bernoulli_(0.5, generator=gen),
         "event": lambda: torch.neuron.Event().record(),
     }[case]
     expected = {"item": "device to the host", "synchronize": "synchronize",
-                "host_copy": "device to the host", "random": "bernoulli",
+                "host_copy": "device to the host", "own_generator": "bernoulli",
                 "event": "event"}[case]
     g = torch.neuron.NeuronGraph()
     with pytest.raises(RuntimeError, match=expected), torch.neuron.graph(g):
@@ -117,6 +118,25 @@ def test_what_a_capture_refuses_is_an_error_naming_it(case):
         y = x * 2
     g.replay()
     torch.testing.assert_close(y.cpu(), x.cpu() * 2)
+
+
+def test_random_ops_draw_new_numbers_each_replay_as_eager_would():
+    # As CUDA's graph-safe RNG: each replay takes the default generator's state when queued.
+    x = torch.ones(4096, device=DEV)
+    g = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(g):
+        y = torch.nn.functional.dropout(x, 0.5) + torch.rand(4096, device=DEV)
+    outs = []
+    torch.neuron.manual_seed(7)
+    for _ in range(3):
+        g.replay()
+        outs.append(y.cpu())
+    torch.neuron.manual_seed(7)
+    eager = [(torch.nn.functional.dropout(x, 0.5) + torch.rand(4096, device=DEV)).cpu()
+             for _ in range(3)]
+    for got, want in zip(outs, eager):
+        assert torch.equal(got, want)
+    assert not torch.equal(outs[0], outs[1])
 
 
 def test_capturing_a_non_capturable_optimizer_step_is_an_error():
@@ -279,6 +299,36 @@ def test_reduce_overhead_training_matches_default_mode(fresh):
     torch.testing.assert_close(replayed, default, rtol=1e-6, atol=0)
 
 
+def test_reduce_overhead_training_with_dropout_matches_default_mode(fresh):
+    # A replay draws from the generator what the compiled graph would: the same losses.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Dropout(0.3), torch.nn.GELU(),
+                                torch.nn.Linear(64, 1))
+
+    def train(mode):
+        torch._dynamo.reset()
+        torch.neuron.manual_seed(3)
+        m = copy.deepcopy(model).to(DEV)
+        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
+        f = torch.compile(m, mode=mode)
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(6):
+            loss = f(torch.randn(8, 16, generator=g).to(DEV)).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        return losses
+
+    default = train("default")
+    inductor_graphs.reset_stats()
+    replayed = train("reduce-overhead")
+    st = inductor_graphs.stats()
+    assert st["replays"] >= 6 and st["failed_captures"] == 0, st
+    torch.testing.assert_close(replayed, default, rtol=1e-6, atol=0)
+
+
 def test_reduce_overhead_static_cache_generate_same_tokens_as_cpu(fresh):
     transformers = pytest.importorskip("transformers")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -300,12 +350,11 @@ def test_reduce_overhead_static_cache_generate_same_tokens_as_cpu(fresh):
     assert st["captures"] >= 2 and st["replays"] >= 16 and st["failed_captures"] == 0, st
 
 
-def test_reduce_overhead_random_op_runs_without_a_graph(fresh, caplog):
+def test_reduce_overhead_random_op_draws_new_numbers_per_call(fresh):
     f = torch.compile(lambda x: torch.nn.functional.dropout(x, 0.5, training=True) + x,
                       mode="reduce-overhead")
-    x = torch.ones(64, device=DEV)
-    with caplog.at_level("WARNING", logger="openneuron.compile"):
-        outs = [f(x).cpu() for _ in range(4)]
-    # every call draws new numbers: no replay repeats a mask
-    assert not all(torch.equal(outs[0], o) for o in outs[1:])
-    assert inductor_graphs.stats()["replays"] == 0
+    x = torch.ones(4096, device=DEV)
+    outs = [f(x).cpu() for _ in range(5)]
+    # every call draws new numbers, replayed or not: no call repeats a mask
+    assert all(not torch.equal(a, b) for i, a in enumerate(outs) for b in outs[i + 1:])
+    assert all(set(o.unique().tolist()) <= {1.0, 3.0} for o in outs)

@@ -27,6 +27,7 @@
 #include "aten/ops/native_kernels.h"
 #include "aten/origin_capture.h"
 #include "runtime/device.h"
+#include "runtime/graph.h"
 #include "runtime/stream.h"
 
 namespace openneuron::aten {
@@ -157,6 +158,10 @@ struct Launch {
   const char* name = "";
   bool serial = false;  // small work: run on the executor thread alone (SerialScope)
   bool keep = false;    // queued on a capturing stream: run() keeps stack and copy_targets
+  // A random op captured in a graph: where its share of each replay's generator state starts
+  // (runtime/graph.h); its Generator arguments are made from that state when it runs.
+  std::optional<uint64_t> rng_share;
+  const OpInfo* info = nullptr;
   // A reduced-precision matrix product run in float32 (gemm_in_float32): its OpInfo's
   // arg_is_write (OpInfos live as long as the process); nullptr otherwise.
   const std::vector<bool>* float32_gemm_writes = nullptr;
@@ -176,6 +181,16 @@ struct Launch {
   }
 
   void run_on(torch::jit::Stack& args, std::vector<c10::IValue>& targets) {
+    if (rng_share) {
+      const runtime::ReplayRng* r = runtime::graph_replay_rng();
+      TORCH_CHECK(r != nullptr, name,
+                  ": a random op captured in a neuron graph ran outside a replay");
+      const PhiloxState st{r->seed, r->offset + *rng_share};
+      for (size_t i = 0; i < args.size() && i < info->arg_kind.size(); ++i) {
+        if (info->arg_kind[i] == ArgKind::Generator)
+          args[i] = c10::IValue(at::detail::createCPUGenerator(philox_seed(st)));
+      }
+    }
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     SerialScope serial_scope(serial);
     c10::SmallVector<std::pair<at::Tensor, const Deferred*>, 4> written;
@@ -338,6 +353,14 @@ std::optional<PhiloxState> take_philox(const OpInfo& info, c10::ArrayRef<c10::IV
   return std::nullopt;
 }
 
+// Whether a random op draws from its device's default generator (its Generator arguments None).
+bool on_default_generator(const OpInfo& info, c10::ArrayRef<c10::IValue> args) {
+  if (!info.has_generator) return false;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (info.arg_kind[i] == ArgKind::Generator && args[i].isGenerator()) return false;
+  return true;
+}
+
 // Whether an op's work is too small to be worth an OpenMP region (omp_parallel.h) and may run
 // serially: the elements of its largest tensor (`out_numel`: of its results), for ops whose
 // results do not depend on the thread count.
@@ -398,7 +421,19 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
     for (auto& r : returns) stack->push_back(std::move(r));
     return;
   }
-  auto philox = take_philox(info, args, device, numel);
+  const runtime::Stream stream = runtime::stream_current(device.index());
+  runtime::Graph* capture = runtime::stream_capture_graph(stream);
+  // A random op on the device's default generator captured in a graph reserves its share of
+  // each replay's state instead (one with an explicit generator is refused by the capture).
+  std::optional<uint64_t> rng_share;
+  std::optional<PhiloxState> philox;
+  if (capture != nullptr && on_default_generator(info, args)) {
+    rng_share = capture->rng_reserve(
+        NeuronGenerator::philox_increment(static_cast<uint64_t>(std::max<int64_t>(numel, 1))));
+    philox = PhiloxState{};  // replaced when it runs
+  } else {
+    philox = take_philox(info, args, device, numel);
+  }
   // NOTE: functional ops run their functional CPU kernel and results are copied into the
   // outputs. Structured ops arrive here as .out already (ATen's own wrappers); the functional
   // ops that reach us are unstructured, and their .out kernels are not always equivalent with
@@ -429,11 +464,14 @@ void run_async(const c10::OperatorHandle& op, OpInfo& info, torch::jit::Stack* s
       launch->copy_targets[r] = host_arg(returns[r], ArgKind::Other, launch->host, nullptr);
     }
   }
-  const runtime::Stream stream = runtime::stream_current(device.index());
-  launch->keep = runtime::stream_capture_graph(stream) != nullptr;
-  // A random op's generator state is taken here, once: a replay would repeat its numbers.
+  launch->keep = capture != nullptr;
+  launch->rng_share = rng_share;
+  launch->info = &info;
+  // A random op's generator state taken here, once, cannot be replayed (its numbers would
+  // repeat); a reserved share can.
   enqueue_op(
-      stream, info.name, [launch] { launch->run(); }, origin_capture(), !philox);
+      stream, info.name, [launch] { launch->run(); }, origin_capture(),
+      !philox || rng_share.has_value());
   torch::jit::drop(*stack, n);
   for (auto& r : returns) stack->push_back(std::move(r));
 }
