@@ -273,57 +273,39 @@ def test_reduce_overhead_mutated_input(fresh):
         torch.testing.assert_close(buf.cpu(), ref)
 
 
-def test_reduce_overhead_training_matches_default_mode(fresh):
+def _compiled_training_losses(model, mode, make_opt, steps=6):
+    torch._dynamo.reset()
+    torch.neuron.manual_seed(3)
+    m = copy.deepcopy(model).to(DEV)
+    opt = make_opt(m.parameters())
+    f = torch.compile(m, mode=mode)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        loss = f(torch.randn(8, 16, generator=g).to(DEV)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("dropout", [False, True], ids=["adamw", "dropout_sgd"])
+def test_reduce_overhead_training_matches_default_mode(fresh, dropout):
+    # Forward and backward replayed from step 3; with dropout, a replay draws from the
+    # generator what the compiled graph would: the same losses either way.
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-
-    def train(mode):
-        torch._dynamo.reset()
-        m = copy.deepcopy(model).to(DEV)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-        f = torch.compile(m, mode=mode)
-        g = torch.Generator().manual_seed(1)
-        losses = []
-        for _ in range(6):
-            x = torch.randn(8, 16, generator=g).to(DEV)
-            loss = f(x).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-        return losses
-
-    default = train("default")
-    replayed = train("reduce-overhead")
-    assert inductor_graphs.stats()["replays"] >= 6  # forward and backward from step 3
-    torch.testing.assert_close(replayed, default, rtol=1e-6, atol=0)
-
-
-def test_reduce_overhead_training_with_dropout_matches_default_mode(fresh):
-    # A replay draws from the generator what the compiled graph would: the same losses.
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Dropout(0.3), torch.nn.GELU(),
-                                torch.nn.Linear(64, 1))
-
-    def train(mode):
-        torch._dynamo.reset()
-        torch.neuron.manual_seed(3)
-        m = copy.deepcopy(model).to(DEV)
-        opt = torch.optim.SGD(m.parameters(), lr=1e-2)
-        f = torch.compile(m, mode=mode)
-        g = torch.Generator().manual_seed(1)
-        losses = []
-        for _ in range(6):
-            loss = f(torch.randn(8, 16, generator=g).to(DEV)).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())
-        return losses
-
-    default = train("default")
+    if dropout:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Dropout(0.3),
+                                    torch.nn.GELU(), torch.nn.Linear(64, 1))
+        make_opt = lambda ps: torch.optim.SGD(ps, lr=1e-2)
+    else:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                    torch.nn.Linear(32, 1))
+        make_opt = lambda ps: torch.optim.AdamW(ps, lr=1e-2)
+    default = _compiled_training_losses(model, "default", make_opt)
     inductor_graphs.reset_stats()
-    replayed = train("reduce-overhead")
+    replayed = _compiled_training_losses(model, "reduce-overhead", make_opt)
     st = inductor_graphs.stats()
     assert st["replays"] >= 6 and st["failed_captures"] == 0, st
     torch.testing.assert_close(replayed, default, rtol=1e-6, atol=0)
