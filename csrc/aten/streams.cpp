@@ -96,8 +96,9 @@ void bind_graphs(py::module_& m) {
       "_stream_capturing",
       [](int64_t stream_id, int device) {
         return with_torch_errors([&] {
-          const int d = device < 0 ? runtime::device_current() : device;
-          return runtime::stream_capture_graph(runtime::stream_from_id(d, stream_id)) != nullptr;
+          const runtime::Stream s = runtime::stream_from_id(
+              resolve_device(static_cast<c10::DeviceIndex>(device)), stream_id);
+          return runtime::stream_capture_graph(s) != nullptr;
         });
       },
       py::arg("stream_id"), py::arg("device") = -1);

@@ -152,7 +152,6 @@ void Graph::replay(const Stream& s, ReplayRng rng) {
   if (stream_capture_graph(s) != nullptr) return;  // captured into another graph: not run yet
   std::lock_guard<std::mutex> lk(mu_);
   replayed_on_ = s;
-  replayed_ = true;
 }
 
 void Graph::reset() {
@@ -165,7 +164,7 @@ void Graph::reset() {
   holds_pool_ = false;
   const DeviceIndex device = stream_.device();
   const uint64_t pool = pool_;
-  if (!replayed_) {
+  if (!replayed_on_) {
     allocator_pool_release(device, pool);
     return;
   }
@@ -175,8 +174,7 @@ void Graph::reset() {
   Work w;
   w.name = "neuron graph pool release";
   w.fn = [device, pool] { allocator_pool_release(device, pool); };
-  replayed_ = false;
-  hal().stream_enqueue(replayed_on_.hal_stream(), std::move(w));
+  hal().stream_enqueue(std::exchange(replayed_on_, std::nullopt)->hal_stream(), std::move(w));
 }
 
 }  // namespace openneuron::runtime

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,8 +85,7 @@ class Graph {
   uint64_t pool_ = 0;
   uint64_t rng_increment_ = 0;
   bool holds_pool_ = false;
-  Stream replayed_on_;  // the stream of the last replay, if replayed_
-  bool replayed_ = false;
+  std::optional<Stream> replayed_on_;  // the stream of the last replay since the capture
 };
 
 // A fresh pool id (torch.neuron.graph_pool_handle()); never 0.

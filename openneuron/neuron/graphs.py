@@ -11,7 +11,7 @@ from openneuron import _C
 
 from .device import _lazy_init, synchronize
 from .memory import empty_cache
-from .streams import Stream
+from .streams import Stream, is_current_stream_capturing
 from .streams import stream as _stream_context
 
 __all__ = ["NeuronGraph", "graph", "graph_pool_handle"]
@@ -132,8 +132,7 @@ def _patch_optimizer_capture_check() -> None:
         return
 
     def _accelerator_graph_capture_health_check(self) -> None:
-        if (not torch.compiler.is_compiling() and torch.neuron.is_initialized()
-                and _C._stream_capturing(torch.neuron.current_stream().stream_id, -1)
+        if (not torch.compiler.is_compiling() and is_current_stream_capturing()
                 and not all(group["capturable"] for group in self.param_groups)):
             raise RuntimeError("Attempting NEURON graph capture of step() for an instance of "
                                f"{type(self).__name__} but param_groups' capturable is False.")
