@@ -99,32 +99,6 @@ def gpt_param_sizes(d: int, layers: int, vocab: int) -> list[int]:
     return [vocab * d, 128 * d] + per_layer * layers + [d, d]
 
 
-def cases(quick: bool):
-    out = [
-        layer_norm_case(8 * 128, 256, backward=False),
-        layer_norm_case(8 * 128, 256, backward=True),
-        layer_norm_case(64, 128, backward=False),
-        sdpa_case(8, 4, 128, 32, causal=True, backward=False),
-        sdpa_case(8, 4, 128, 32, causal=True, backward=True),
-        sdpa_case(8, 8, 128, 32, causal=False, backward=True),
-        sdpa_case(1, 8, 1, 64, causal=False, backward=False, s=1024),
-        embedding_backward_case(8 * 128, 1000, 256),
-        adamw_case(gpt_param_sizes(128, 4, 1000), fused=True),
-        adamw_case(gpt_param_sizes(128, 4, 1000), fused=None),
-    ]
-    if not quick:
-        out += [
-            layer_norm_case(8 * 512, 1024, backward=True),
-            sdpa_case(4, 8, 512, 64, causal=True, backward=True),
-            embedding_backward_case(8 * 512, 50257, 768),
-            adamw_case(gpt_param_sizes(512, 8, 8192), fused=True),
-            adamw_case(gpt_param_sizes(512, 8, 8192), fused=None),
-        ]
-    return out
-
-
-
-# ---- norms (rms_norm, cross_entropy; numbers in README "Numbers"): extra rows in both --quick and full runs ----------
 def rms_norm_case(rows: int, n: int, backward: bool):
     def build(device, dtype):
         x = torch.randn(rows, n, device=device, dtype=dtype, requires_grad=backward)
@@ -144,15 +118,51 @@ def cross_entropy_case(rows: int, classes: int):
     return f"cross_entropy fwd+bwd [{rows}, {classes}]", build
 
 
-_cases_without_norms = cases
+def few_rows_case(rows: int, k: int, n: int, conv1d: bool):
+    """A decode step's weight product: nn.Linear's [n, k] weight, or GPT-2 Conv1D's [k, n]."""
+    def build(device, dtype):
+        a = torch.randn(rows, k, device=device, dtype=dtype)
+        b = torch.randn(n, device=device, dtype=dtype)
+        if conv1d:
+            w = torch.randn(k, n, device=device, dtype=dtype)
+            return lambda: torch.addmm(b, a, w)
+        w = torch.randn(n, k, device=device, dtype=dtype)
+        return lambda: F.linear(a, w, b)
+    return f"{'addmm (Conv1D)' if conv1d else 'linear'} [{rows}, {k}] -> {n}", build
 
 
 def cases(quick: bool):
-    return _cases_without_norms(quick) + [rms_norm_case(8 * 128, 256, backward=False),
-                                          rms_norm_case(8 * 128, 256, backward=True),
-                                          cross_entropy_case(512, 256),
-                                          cross_entropy_case(2048, 1000)]
-# ---- end norms ----------------------------------------------------------------------------------
+    out = [
+        layer_norm_case(8 * 128, 256, backward=False),
+        layer_norm_case(8 * 128, 256, backward=True),
+        layer_norm_case(64, 128, backward=False),
+        sdpa_case(8, 4, 128, 32, causal=True, backward=False),
+        sdpa_case(8, 4, 128, 32, causal=True, backward=True),
+        sdpa_case(8, 8, 128, 32, causal=False, backward=True),
+        sdpa_case(1, 8, 1, 64, causal=False, backward=False, s=1024),
+        embedding_backward_case(8 * 128, 1000, 256),
+        adamw_case(gpt_param_sizes(128, 4, 1000), fused=True),
+        adamw_case(gpt_param_sizes(128, 4, 1000), fused=None),
+        rms_norm_case(8 * 128, 256, backward=False),
+        rms_norm_case(8 * 128, 256, backward=True),
+        cross_entropy_case(512, 256),
+        cross_entropy_case(2048, 1000),
+        few_rows_case(1, 256, 768, conv1d=True),
+        few_rows_case(1, 1024, 256, conv1d=True),
+        few_rows_case(1, 256, 1024, conv1d=False),
+    ]
+    if not quick:
+        out += [
+            layer_norm_case(8 * 512, 1024, backward=True),
+            sdpa_case(4, 8, 512, 64, causal=True, backward=True),
+            embedding_backward_case(8 * 512, 50257, 768),
+            adamw_case(gpt_param_sizes(512, 8, 8192), fused=True),
+            adamw_case(gpt_param_sizes(512, 8, 8192), fused=None),
+            few_rows_case(4, 4096, 4096, conv1d=False),
+        ]
+    return out
+
+
 
 Variant = tuple[Callable[[], object], torch.device, Callable[[], None]]  # fn, device, setup
 

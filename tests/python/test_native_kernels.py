@@ -1,5 +1,5 @@
 """Native kernels of csrc/kernels on the neuron device (layer norm, scaled dot-product
-attention, embedding backward, fused Adam/AdamW) against CPU PyTorch: forward results,
+attention, embedding backward, fused Adam/AdamW, matrix products with a few rows) against CPU PyTorch: forward results,
 autograd gradients, odd and empty shapes, non-contiguous inputs, the cases routed to the
 fallback (checked through the ops_report counters), the runtime switches, and errors on bad
 input.
@@ -623,3 +623,87 @@ def test_low_precision_gemm_in_float32_trains_like_cpu(float32_gemm):
 def test_float32_gemm_switch_rejects_bad_modes():
     with pytest.raises(RuntimeError, match="mode must be -1"):
         torch.ops.openneuron._set_float32_gemm(2)
+
+
+# ---- matrix products with a few rows (kernels/gemv.h) ------------------------------------------
+# mm / addmm / addmm_ and their .out forms with at most 4 rows (token-by-token decoding): the
+# weight streamed once, float32 sums (not MKL's order: TOL, not bitwise), bf16 / fp16 rounded
+# once. Both weight layouts: nn.Linear's [n, k] transposed and Conv1D's (GPT-2) [k, n].
+
+def _few_row_cases(a, w, w_kn, bias):
+    def out_like():
+        return torch.empty(a.shape[0], w.shape[0], dtype=a.dtype, device=a.device)
+    return {
+        "linear": lambda: F.linear(a, w, bias),
+        "mm": lambda: torch.mm(a, w.t()),
+        "mm_kn": lambda: torch.mm(a, w_kn),
+        "mm_out": lambda: torch.mm(a, w_kn, out=out_like()),
+        "addmm_conv1d": lambda: torch.addmm(bias, a, w_kn),
+        "addmm_scaled": lambda: torch.addmm(bias, a, w.t(), beta=0.5, alpha=2.0),
+        "addmm_beta0": lambda: torch.addmm(torch.full_like(bias, float("nan")), a, w_kn, beta=0),
+        "addmm_out": lambda: torch.addmm(bias, a, w.t(), out=out_like()),
+        "addmm_": lambda: bias.repeat(a.shape[0], 1).addmm_(a, w_kn, beta=0.25),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("case", list(_few_row_cases(*[None] * 4)))
+def test_few_row_products_match_cpu(dtype, rows, case):
+    g = torch.Generator().manual_seed(rows)
+    n, k = 130, 77  # off every vector width
+    cpu = [torch.randn(*s, generator=g).to(dtype) for s in [(rows, k), (n, k), (k, n), (n,)]]
+    before = gemm_native_calls()
+    got = _few_row_cases(*[t.to(DEV) for t in cpu])[case]().cpu()
+    assert gemm_native_calls() > before  # the native kernel ran
+    exact = _few_row_cases(*[t.double() for t in cpu])[case]()
+    assert got.dtype == dtype and got.shape == exact.shape
+    # float32 sums rounded once at the end: within the dtype's rounding of the exact result
+    tol = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+    torch.testing.assert_close(got.double(), exact, rtol=tol, atol=tol)
+    close(got.to(DEV), _few_row_cases(*cpu)[case](), dtype, scale=4.0)
+
+
+def test_few_row_products_elsewhere_take_atens_product(native_off):
+    g = torch.Generator().manual_seed(0)
+    a, w, bias = torch.randn(2, 64, generator=g), torch.randn(32, 64, generator=g), torch.randn(32)
+    before = gemm_native_calls()
+    assert torch.equal(F.linear(a.to(DEV), w.to(DEV), bias.to(DEV)).cpu(), F.linear(a, w, bias))
+    assert gemm_native_calls() == before
+
+
+def test_few_row_products_not_taken():
+    """Five rows, an output overlapping an input, a weight with neither layout, integer and
+    mixed-device operands: ATen's product (CPU's bits, CPU's errors)."""
+    g = torch.Generator().manual_seed(0)
+    a, w = torch.randn(5, 48, generator=g), torch.randn(48, 40, generator=g)
+    before = gemm_native_calls()
+    assert torch.equal(torch.mm(a.to(DEV), w.to(DEV)).cpu(), torch.mm(a, w))
+    wide = torch.randn(48, 80, generator=g)  # a view with columns 2 apart, rows 80 apart
+    assert torch.equal(torch.mm(a[:2].to(DEV), wide.to(DEV)[:, ::2]).cpu(),
+                       torch.mm(a[:2], wide[:, ::2]))
+    sq = torch.randn(2, 2, generator=g)
+    d = sq.to(DEV)
+    torch.mm(d, d.clone(), out=d)  # out is an input: left to ATen
+    ref = sq.clone()
+    torch.mm(ref, sq.clone(), out=ref)
+    torch.testing.assert_close(d.cpu(), ref)
+    ints = torch.randint(0, 5, (2, 3))
+    assert torch.equal(torch.mm(ints.to(DEV), ints.t().to(DEV)).cpu(), torch.mm(ints, ints.t()))
+    assert gemm_native_calls() == before
+    with pytest.raises(RuntimeError, match="size mismatch|cannot be multiplied|shapes"):
+        torch.mm(torch.ones(2, 3, device=DEV), torch.ones(4, 5, device=DEV))
+    with pytest.raises(RuntimeError, match="device|neuron|cpu"):
+        torch.mm(torch.ones(2, 3, device=DEV), torch.ones(3, 5))
+
+
+def test_few_row_products_in_a_decode_step_match_cpu():
+    """GPT-2's Conv1D layers and a tied lm head, token by token, under autograd's no_grad."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 192), torch.nn.GELU(),
+                                torch.nn.Linear(192, 64), torch.nn.Linear(64, 500, bias=False))
+    x = torch.randn(1, 3, 64)
+    with torch.no_grad():
+        ref = model(x)
+        got = model.to(DEV)(x.to(DEV)).cpu()
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

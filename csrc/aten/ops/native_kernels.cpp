@@ -1,6 +1,7 @@
-// Native layer norm (csrc/kernels/layer_norm.h, forward and backward) and embedding backward
-// (csrc/kernels/embedding.h) for the neuron device, and the switch that turns all native
-// kernels off (native_kernels.h).
+// Native layer norm (csrc/kernels/layer_norm.h, forward and backward), embedding backward
+// (csrc/kernels/embedding.h) and matrix products with a few rows (csrc/kernels/gemv.h: mm and
+// addmm, every form) for the neuron device, and the switch that turns all native kernels off
+// (native_kernels.h).
 // Each call checks its inputs, allocates its outputs and enqueues ONE work item that runs the
 // kernel on raw device pointers. Cases the kernel does not cover (other shapes, non-contiguous
 // or empty inputs, other dtypes) take the path they take without it: the boxed fallback
@@ -9,6 +10,7 @@
 // asynchronous path and was dropped (README "Numbers").
 #include "aten/ops/native_kernels.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -18,6 +20,7 @@
 #include <string>
 
 #include "kernels/embedding.h"
+#include "kernels/gemv.h"
 #include "kernels/layer_norm.h"
 #include "runtime/config.h"
 
@@ -189,6 +192,117 @@ at::Tensor embedding_dense_bwd(const at::Tensor& grad_output, const at::Tensor& 
   return out;
 }
 
+// ---- matrix products with a few rows ---------------------------------------------------------
+
+// y = beta * c + alpha * (a @ b) through kernels::gemv when it takes the operands: neuron tensors
+// of one kernel dtype on one device, a [m, k] with m <= kGemvMaxRows, b [k, n] with rows or
+// columns contiguous, c (may be undefined) broadcastable to [m, n], y [m, n] with contiguous rows
+// overlapping neither a nor b. False: not taken (the caller's boxed fallback runs ATen's).
+bool try_gemv(OpInfo& info, const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+              const c10::Scalar& beta, const c10::Scalar& alpha, const at::Tensor& y) {
+  if (!native_kernels_enabled() || !kernel_operand(a) || !kernel_operand(b) || !kernel_operand(y) ||
+      a.dim() != 2 || b.dim() != 2 || y.dim() != 2) {
+    return false;
+  }
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const c10::ScalarType dt = a.scalar_type();
+  if (m < 1 || m > kernels::kGemvMaxRows || n < 1 || k < 1 || b.size(0) != k ||
+      b.scalar_type() != dt || y.scalar_type() != dt || y.size(0) != m || y.size(1) != n ||
+      (n > 1 && y.stride(1) != 1) || b.device() != a.device() || y.device() != a.device() ||
+      beta.isComplex() || alpha.isComplex() ||
+      at::get_overlap_status(y, a) != at::MemOverlapStatus::No ||
+      at::get_overlap_status(y, b) != at::MemOverlapStatus::No) {
+    return false;
+  }
+  kernels::GemvArgs g;
+  g.dtype = *kernel_dtype(dt);
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a_rs = a.stride(0);
+  g.a_cs = k == 1 ? 1 : a.stride(1);
+  // A size-1 dimension's stride is never used: the one that lets a layout apply.
+  g.b_rs = k == 1 ? 1 : b.stride(0);
+  g.b_cs = n == 1 ? 1 : b.stride(1);
+  g.y_rs = y.stride(0);
+  g.alpha = static_cast<float>(alpha.toDouble());
+  g.beta = static_cast<float>(beta.toDouble());
+  if (c.defined() && g.beta != 0.0f) {
+    if (!kernel_operand(c) || c.scalar_type() != dt || c.device() != a.device() || c.dim() > 2 ||
+        !at::is_expandable_to(c.sizes(), {m, n})) {
+      return false;
+    }
+    const at::Tensor ce = c.expand({m, n});
+    g.c_rs = ce.stride(0);
+    g.c_cs = ce.stride(1);
+    // c may be y itself (addmm_), never a different view of y's memory.
+    if (!c.is_same(y) && at::get_overlap_status(y, c) != at::MemOverlapStatus::No) return false;
+    g.c = ptr_of(c);
+  }
+  g.a = ptr_of(a);
+  g.b = ptr_of(b);
+  g.y = ptr_of(y);
+  if (!kernels::gemv_supported(g)) return false;
+  enqueue_native(info, a.device(), [g] { kernels::gemv(g); });
+  return true;
+}
+
+at::Tensor gemv_result(const at::Tensor& a, const at::Tensor& b) {
+  return empty_on({a.size(0), b.size(1)}, a.scalar_type(), a.device());
+}
+
+bool gemv_shape(const at::Tensor& a, const at::Tensor& b) {
+  return native_kernels_enabled() && a.dim() == 2 && b.dim() == 2 && a.size(0) >= 1 &&
+         a.size(0) <= kernels::kGemvMaxRows;
+}
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  static const c10::OperatorHandle op = find_op("aten::mm", "");
+  static OpInfo& info = op_info(op);
+  if (gemv_shape(a, b)) {
+    at::Tensor y = gemv_result(a, b);
+    if (try_gemv(info, a, b, at::Tensor(), 0, 1, y)) return y;
+  }
+  return boxed_fallback<at::Tensor>(op, a, b);
+}
+
+at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  static const c10::OperatorHandle op = find_op("aten::mm", "out");
+  static OpInfo& info = op_info(op);
+  if (gemv_shape(a, b) && try_gemv(info, a, b, at::Tensor(), 0, 1, out)) return out;
+  boxed_fallback<at::Tensor>(op, a, b, out);
+  return out;
+}
+
+at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                 const c10::Scalar& beta, const c10::Scalar& alpha) {
+  static const c10::OperatorHandle op = find_op("aten::addmm", "");
+  static OpInfo& info = op_info(op);
+  if (gemv_shape(a, b)) {
+    at::Tensor y = gemv_result(a, b);
+    if (try_gemv(info, a, b, self, beta, alpha, y)) return y;
+  }
+  return boxed_fallback<at::Tensor>(op, self, a, b, beta, alpha);
+}
+
+at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                      const c10::Scalar& beta, const c10::Scalar& alpha, at::Tensor& out) {
+  static const c10::OperatorHandle op = find_op("aten::addmm", "out");
+  static OpInfo& info = op_info(op);
+  if (gemv_shape(a, b) && try_gemv(info, a, b, self, beta, alpha, out)) return out;
+  boxed_fallback<at::Tensor>(op, self, a, b, beta, alpha, out);
+  return out;
+}
+
+at::Tensor& addmm_inplace(at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
+                          const c10::Scalar& beta, const c10::Scalar& alpha) {
+  static const c10::OperatorHandle op = find_op("aten::addmm_", "");
+  static OpInfo& info = op_info(op);
+  if (gemv_shape(a, b) && try_gemv(info, a, b, self, beta, alpha, self)) return self;
+  boxed_fallback<at::Tensor>(op, self, a, b, beta, alpha);
+  return self;
+}
+
 }  // namespace
 
 bool native_kernels_enabled() { return enabled_flag().load(std::memory_order_relaxed); }
@@ -204,4 +318,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_layer_norm", TORCH_FN(ops::layer_norm_fwd));
   m.impl("native_layer_norm_backward", TORCH_FN(ops::layer_norm_bwd));
   m.impl("embedding_dense_backward", TORCH_FN(ops::embedding_dense_bwd));
+  m.impl("mm", TORCH_FN(ops::mm));
+  m.impl("mm.out", TORCH_FN(ops::mm_out));
+  m.impl("addmm", TORCH_FN(ops::addmm));
+  m.impl("addmm.out", TORCH_FN(ops::addmm_out));
+  m.impl("addmm_", TORCH_FN(ops::addmm_inplace));
 }
