@@ -39,7 +39,7 @@ from .fusion import (
     set_fusion_log,
     set_fusion_max_ops,
 )
-from .graphs import NeuronGraph, graph, graph_pool_handle
+from .graphs import NeuronGraph, graph, graph_pool_handle, make_graphed_callables
 from .memory import (
     empty_cache,
     get_per_process_memory_fraction,
@@ -129,6 +129,7 @@ __all__ = [
     "is_current_stream_capturing",
     "is_fusion_enabled",
     "is_initialized",
+    "make_graphed_callables",
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",

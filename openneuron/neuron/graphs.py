@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 
 import torch
+import torch.utils._pytree as pytree
 
 from openneuron import _C
 
@@ -14,7 +16,7 @@ from .memory import empty_cache
 from .streams import Stream, is_current_stream_capturing
 from .streams import stream as _stream_context
 
-__all__ = ["NeuronGraph", "graph", "graph_pool_handle"]
+__all__ = ["NeuronGraph", "graph", "graph_pool_handle", "make_graphed_callables"]
 
 
 def graph_pool_handle() -> int:
@@ -120,6 +122,142 @@ class graph:
         finally:
             self.stream_ctx.__exit__(exc_type, exc, tb)
         return False
+
+
+def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3,
+                           allow_unused_input: bool = False, pool: int | None = None):
+    """torch.cuda.make_graphed_callables on neuron: each callable (a function or an nn.Module)
+    becomes one whose forward and backward each replay a graph captured from `sample_args`
+    (a tuple of tensors per callable; a tuple of callables takes a tuple of those). Warm-up
+    iterations run on a side stream first; forwards are captured in order, backwards in reverse,
+    all in one memory pool. Call the result with arguments of the sample's shapes, dtypes and
+    order; a module graphed in training mode runs its original forward in eval mode (and the
+    other way round). The same limits as on CUDA: no module hooks when graphed, buffers must not
+    require grad, no double backward, autocast only with `cache_enabled=False`."""
+    if torch.is_autocast_enabled("neuron") and torch.is_autocast_cache_enabled():
+        raise RuntimeError("make_graphed_callables does not support the autocast caching. "
+                           "Please set `cache_enabled=False`.")
+    just_one = not isinstance(callables, tuple)
+    if just_one:
+        callables, sample_args = (callables,), (sample_args,)
+    flat_args = []
+    for c, args in zip(callables, sample_args):
+        if isinstance(c, torch.nn.Module):
+            if c._backward_hooks or c._forward_hooks or c._forward_pre_hooks:
+                raise AssertionError(
+                    "Modules must not have hooks registered at the time they are passed. However, "
+                    "registering hooks on modules after passing them through "
+                    "make_graphed_callables is allowed.")
+            if any(b.requires_grad for b in c.buffers()):
+                raise AssertionError(
+                    "In any :class:`~torch.nn.Module` passed to :func:`~make_graphed_callables`, "
+                    "only parameters may be trainable. All buffers must have "
+                    "``requires_grad=False``.")
+        leaves = tuple(pytree.arg_tree_leaves(*args))
+        if not all(isinstance(a, torch.Tensor) for a in leaves):
+            raise AssertionError("In the beta API, sample_args for each callable must contain "
+                                 "only Tensors. Other types are not allowed.")
+        flat_args.append(leaves)
+    # A module's graph reads its parameters too: they are part of its static input surface.
+    params = [tuple(c.parameters()) if isinstance(c, torch.nn.Module) else () for c in callables]
+    surfaces = [a + p for a, p in zip(flat_args, params)]
+    pool = graph_pool_handle() if pool is None else pool
+
+    def backward_of(outputs, surface, grad_outputs):
+        needs_grad = tuple(o for o in outputs if o.requires_grad)
+        if not needs_grad:
+            return None
+        return torch.autograd.grad(needs_grad, tuple(i for i in surface if i.requires_grad),
+                                   grad_outputs=grad_outputs, only_inputs=True,
+                                   allow_unused=allow_unused_input)
+
+    # NOTE: the warm-up runs on the stream the captures use (torch.cuda warms up on another
+    # side stream): the autograd nodes it creates for parameters (AccumulateGrad) remember their
+    # stream, and a backward captured on a different one would join them with events, which a
+    # neuron capture refuses.
+    if graph.default_capture_stream is None:
+        graph.default_capture_stream = Stream()
+    synchronize()
+    with _stream_context(graph.default_capture_stream):
+        for c, args, surface in zip(callables, sample_args, surfaces):
+            for _ in range(num_warmup_iters):
+                outputs = pytree.tree_leaves(c(*args))
+                backward_of(outputs, surface,
+                            tuple(torch.empty_like(o) for o in outputs if o.requires_grad))
+    synchronize()
+
+    n = len(callables)
+    fwd_graphs = [NeuronGraph() for _ in range(n)]
+    bwd_graphs = [NeuronGraph() for _ in range(n)]
+    static_outputs, specs = [], []
+    for c, args, g in zip(callables, sample_args, fwd_graphs):
+        with graph(g, pool=pool):
+            outputs = c(*args)
+        flat, spec = pytree.tree_flatten(outputs)
+        static_outputs.append(tuple(flat))
+        specs.append(spec)
+    # Backwards in reverse order, as they run: replays in one pool never overwrite live memory.
+    grad_outputs, grad_inputs = [()] * n, [()] * n
+    for i in reversed(range(n)):
+        outs = static_outputs[i]
+        grad_outputs[i] = tuple(torch.empty_like(o) if o.requires_grad else None for o in outs)
+        grads = None
+        if any(o.requires_grad for o in outs):
+            with graph(bwd_graphs[i], pool=pool):
+                grads = backward_of(outs, surfaces[i],
+                                    tuple(g for g in grad_outputs[i] if g is not None))
+        it = iter(grads or ())
+        grad_inputs[i] = tuple(next(it) if grads is not None and x.requires_grad else None
+                               for x in surfaces[i])
+
+    results = []
+    for i, c in enumerate(callables):
+        graphed = _graphed_function(fwd_graphs[i], bwd_graphs[i], params[i], len(flat_args[i]),
+                                    specs[i], surfaces[i], static_outputs[i], grad_outputs[i],
+                                    grad_inputs[i])
+        if isinstance(c, torch.nn.Module):
+            c.forward = _graphed_forward(c, c.training, graphed, c.forward)
+            results.append(c)
+        else:
+            results.append(graphed)
+    return results[0] if just_one else tuple(results)
+
+
+def _graphed_function(fwd_graph, bwd_graph, module_params, num_user_args, spec, surface,
+                      static_outputs, static_grad_outputs, static_grad_inputs) -> Callable:
+    class Graphed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            for i in range(num_user_args):  # only user arguments may be new tensors
+                if surface[i].data_ptr() != inputs[i].data_ptr():
+                    surface[i].copy_(inputs[i])
+            fwd_graph.replay()
+            return tuple(o.detach() for o in static_outputs)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, *grads):
+            for g, grad in zip(static_grad_outputs, grads):
+                if g is not None and g.data_ptr() != grad.data_ptr():
+                    g.copy_(grad)
+            bwd_graph.replay()
+            return tuple(b.detach() if b is not None else None for b in static_grad_inputs)
+
+    def functionalized(*user_args):
+        out = Graphed.apply(*(tuple(pytree.arg_tree_leaves(*user_args)) + module_params))
+        return pytree.tree_unflatten(out, spec)
+
+    return functionalized
+
+
+def _graphed_forward(module: torch.nn.Module, training: bool, graphed: Callable,
+                     original: Callable) -> Callable:
+    def forward(*args, **kwargs):
+        # The graph holds the training or eval behaviour it was captured in.
+        if module.training == training:
+            return graphed(*args, **kwargs)
+        return original(*args, **kwargs)
+    return forward
 
 
 def _patch_optimizer_capture_check() -> None:

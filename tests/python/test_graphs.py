@@ -1,6 +1,7 @@
-"""torch.neuron graphs (NeuronGraph, graph, graph_pool_handle), as torch.cuda's: capture, replay
-against CPU, the CUDA docs' patterns (warm-up on a side stream, whole training step, shared
-pools), what a capture refuses, memory back to baseline; and `mode="reduce-overhead"`, which
+"""torch.neuron graphs (NeuronGraph, graph, graph_pool_handle, make_graphed_callables), as
+torch.cuda's: capture, replay against CPU, the CUDA docs' patterns (warm-up on a side stream,
+whole training step, shared pools, partial-network capture), what a capture refuses, memory back
+to baseline; and `mode="reduce-overhead"`, which
 replays Inductor's compiled graphs from them (inference, training, a static-cache generate())."""
 from __future__ import annotations
 
@@ -227,6 +228,71 @@ def test_reset_then_capture_again():
         z = x * 5
     g.replay()
     assert z.cpu().tolist() == [5.0] * 4
+
+
+def _docs_partial_network(graphed: bool):
+    """The CUDA docs' make_graphed_callables example (three modules, a data-dependent branch
+    between two of them, SGD), smaller: losses and final weights of 6 steps."""
+    torch.manual_seed(0)
+    n, d_in, h, d_out = 32, 48, 40, 16
+    m1, m2, m3 = (torch.nn.Linear(d_in, h).to(DEV), torch.nn.Linear(h, d_out).to(DEV),
+                  torch.nn.Linear(h, d_out).to(DEV))
+    opt = torch.optim.SGD([*m1.parameters(), *m2.parameters(), *m3.parameters()], lr=0.1)
+    if graphed:
+        x = torch.randn(n, d_in, device=DEV)
+        hidden = torch.randn(n, h, device=DEV, requires_grad=True)
+        m1 = torch.neuron.make_graphed_callables(m1, (x,))
+        m2, m3 = torch.neuron.make_graphed_callables((m2, m3), ((hidden,), (hidden,)))
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(6):
+        data = torch.randn(n, d_in, generator=g).to(DEV)
+        target = torch.randn(n, d_out, generator=g).to(DEV)
+        opt.zero_grad(set_to_none=True)
+        tmp = m1(data)
+        tmp = m2(tmp) if tmp.sum().item() > 0 else m3(tmp)
+        loss = torch.nn.functional.mse_loss(tmp, target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for m in (m1, m2, m3) for p in m.parameters()]
+
+
+def test_make_graphed_callables_trains_as_eager():
+    losses, weights = _docs_partial_network(graphed=True)
+    ref_losses, ref_weights = _docs_partial_network(graphed=False)
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    for w, r in zip(weights, ref_weights):
+        torch.testing.assert_close(w, r, rtol=1e-5, atol=1e-6)
+
+
+def test_make_graphed_callables_function_and_eval_mode():
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, device=DEV, requires_grad=True)
+
+    def f(x):
+        return (x @ w).relu()
+
+    x = torch.randn(4, 8, device=DEV, requires_grad=True)
+    gf = torch.neuron.make_graphed_callables(f, (x,))
+    x2 = torch.randn(4, 8, device=DEV, requires_grad=True)
+    out = gf(x2)
+    out.sum().backward()
+    ref_x = x2.detach().clone().requires_grad_()
+    ref = f(ref_x)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x2.grad, ref_x.grad)
+    # a module graphed in training mode runs its own forward in eval mode
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).to(DEV)
+    gm = torch.neuron.make_graphed_callables(m, (torch.randn(4, 8, device=DEV),))
+    gm.eval()
+    y = torch.randn(4, 8, device=DEV)
+    torch.testing.assert_close(gm(y), m[0](y))
+    with pytest.raises(AssertionError, match="hooks"):
+        hooked = torch.nn.Linear(2, 2).to(DEV)
+        hooked.register_forward_hook(lambda *a: None)
+        torch.neuron.make_graphed_callables(hooked, (torch.randn(1, 2, device=DEV),))
 
 
 # ---- mode="reduce-overhead": Inductor's compiled graphs replayed -------------------------------
