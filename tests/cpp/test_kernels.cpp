@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "kernels/adam.h"
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
@@ -20,13 +21,7 @@
 namespace openneuron::kernels {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using test_util::randn;
 
 void expect_near(const std::vector<float>& got, const std::vector<double>& want, double tol) {
   ASSERT_EQ(got.size(), want.size());
@@ -38,13 +33,7 @@ class Kernels : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     if (GetParam()) {
-      runtime::set_parallel_backend(
-          [](int64_t begin, int64_t end, int64_t, runtime::ParallelBody body, void* ctx) {
-            const int64_t mid = begin + (end - begin) / 2;
-            std::thread t([&] { body(ctx, begin, mid); });
-            body(ctx, mid, end);
-            t.join();
-          });
+      test_util::use_two_threads();
     } else {
       runtime::set_parallel_backend(nullptr);
     }

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "kernels/gemv.h"
 #include "kernels/kernel_util.h"
 #include "runtime/isa.h"
@@ -18,23 +19,8 @@
 namespace openneuron::kernels {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-void two_threads() {
-  runtime::set_parallel_backend(
-      [](int64_t begin, int64_t end, int64_t, runtime::ParallelBody body, void* ctx) {
-        const int64_t mid = begin + (end - begin) / 2;
-        std::thread t([&] { body(ctx, begin, mid); });
-        body(ctx, mid, end);
-        t.join();
-      });
-}
+using test_util::randn;
+using test_util::use_two_threads;
 
 struct Case {
   int64_t m, n, k;
@@ -133,7 +119,7 @@ class GemvKernel : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     if (GetParam())
-      two_threads();
+      use_two_threads();
     else
       runtime::set_parallel_backend(nullptr);
   }

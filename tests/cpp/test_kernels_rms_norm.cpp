@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/kernel_util.h"
 #include "kernels/rms_norm.h"
@@ -19,29 +20,14 @@
 namespace openneuron::kernels {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f, float shift = 0.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(shift, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-void two_threads() {
-  runtime::set_parallel_backend(
-      [](int64_t begin, int64_t end, int64_t, runtime::ParallelBody body, void* ctx) {
-        const int64_t mid = begin + (end - begin) / 2;
-        std::thread t([&] { body(ctx, begin, mid); });
-        body(ctx, mid, end);
-        t.join();
-      });
-}
+using test_util::randn;
+using test_util::use_two_threads;
 
 class RmsNormKernel : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     if (GetParam())
-      two_threads();
+      use_two_threads();
     else
       runtime::set_parallel_backend(nullptr);
   }
@@ -154,7 +140,7 @@ TEST(RmsNormKernelDeterminism, WeightGradIndependentOfThreads) {
   const RmsNormTypes t{DType::kFloat32, DType::kFloat32};
   rms_norm_forward(t, x.data(), w.data(), y.data(), rstd.data(), rows, n, 1e-5f);
   rms_norm_backward(t, g.data(), x.data(), rstd.data(), w.data(), dx1.data(), dw1.data(), rows, n);
-  two_threads();
+  use_two_threads();
   rms_norm_backward(t, g.data(), x.data(), rstd.data(), w.data(), dx2.data(), dw2.data(), rows, n);
   runtime::set_parallel_backend(nullptr);
   EXPECT_EQ(0, std::memcmp(dw1.data(), dw2.data(), n * sizeof(float)));
