@@ -17,45 +17,57 @@ Event::~Event() {
 }
 
 Event::Event(Event&& o) noexcept
-    : event_(std::exchange(o.event_, nullptr)), device_(std::exchange(o.device_, -1)) {}
+    : event_(std::exchange(o.event_, nullptr)),
+      device_(std::exchange(o.device_, -1)),
+      capture_(std::exchange(o.capture_, 0)) {}
 
 Event& Event::operator=(Event&& o) noexcept {
   if (this != &o) {
     std::swap(event_, o.event_);
     std::swap(device_, o.device_);
+    std::swap(capture_, o.capture_);
   }
   return *this;
 }
 
 void Event::record(const Stream& s) {
   run_flush_hook(FlushPoint::kEventRecord);
-  if (Graph* g = stream_capture_graph(s)) {
-    g->fail(
-        "an event recorded on a stream capturing a neuron graph (events inside a graph "
-        "are not supported; record before the capture or after replay())");
-  }
-  hal().event_record(event_, s.hal_stream());
   device_ = s.device();
+  capture_ = graph_capture_id(s);
+  if (capture_ != 0) return;  // a point in the capture: the graph's order is the edge
+  hal().event_record(event_, s.hal_stream());
 }
 
 void Event::block(const Stream& s) const {
   run_flush_hook(FlushPoint::kEventWait);
-  if (Graph* g = stream_capture_graph(s)) {
-    g->fail(
-        "a stream capturing a neuron graph waiting on an event (make the capture stream "
-        "wait before capture_begin)");
+  const uint64_t own = graph_capture_id(s);
+  if (capture_ != 0) {
+    if (own == capture_) return;  // queued after the record in the same capture
+    if (own == 0) {
+      graph_join_capture(capture_, s);  // false: the capture ended, nothing to wait for
+      return;
+    }
+    if (!graph_capture_active(capture_)) return;
+    stream_capture_graph(s)->fail(
+        "a stream capturing a neuron graph waited on an event recorded in another graph's "
+        "capture (one capture cannot wait on another)");
+  }
+  if (own != 0) {
+    stream_capture_graph(s)->fail(
+        "a stream capturing a neuron graph waited on an event recorded outside the capture "
+        "(make the capture stream wait before capture_begin)");
   }
   hal().stream_wait_event(s.hal_stream(), event_);
 }
 
 bool Event::query() const {
   run_flush_hook(FlushPoint::kEventQuery);
-  return event_ == nullptr || hal().event_query(event_);
+  return event_ == nullptr || capture_ != 0 || hal().event_query(event_);
 }
 
 void Event::synchronize() const {
   run_flush_hook(FlushPoint::kEventSync);
-  if (event_ != nullptr) hal().event_sync(event_);
+  if (event_ != nullptr && capture_ == 0) hal().event_sync(event_);
 }
 
 float Event::elapsed_ms(const Event& end) const {

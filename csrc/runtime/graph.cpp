@@ -6,6 +6,7 @@
 #include <atomic>
 #include <exception>
 #include <stdexcept>
+#include <unordered_map>
 #include <utility>
 
 #include "caching_allocator.h"
@@ -15,6 +16,32 @@ namespace {
 
 std::atomic<uint64_t> next_pool{1};
 thread_local const ReplayRng* tl_replay_rng = nullptr;
+
+// The captures going on, by id, for a stream joining one through an event. NOTE: lock order:
+// this registry's mutex, then a graph's mu_ (graph_join_capture); a graph never takes it while
+// holding its own.
+struct Captures {
+  std::mutex mu;
+  uint64_t next_id = 1;
+  std::unordered_map<uint64_t, Graph*> by_id;
+};
+Captures& captures() {
+  static Captures* c = new Captures();  // NOTE: leaked on purpose, used from destructors at exit
+  return *c;
+}
+uint64_t register_capture(Graph* g) {
+  Captures& c = captures();
+  std::lock_guard<std::mutex> lk(c.mu);
+  const uint64_t id = c.next_id++;
+  c.by_id.emplace(id, g);
+  return id;
+}
+void unregister_capture(uint64_t id) {
+  if (id == 0) return;
+  Captures& c = captures();
+  std::lock_guard<std::mutex> lk(c.mu);
+  c.by_id.erase(id);
+}
 
 std::string stream_name(const Stream& s) {
   return "neuron:" + std::to_string(s.device()) + " stream " + std::to_string(s.id());
@@ -26,6 +53,26 @@ uint64_t graph_pool_create() { return next_pool.fetch_add(1, std::memory_order_r
 
 const ReplayRng* graph_replay_rng() { return tl_replay_rng; }
 
+uint64_t graph_capture_id(const Stream& s) {
+  Graph* g = stream_capture_graph(s);
+  return g == nullptr ? 0 : g->capture_id();
+}
+
+bool graph_capture_active(uint64_t id) {
+  Captures& c = captures();
+  std::lock_guard<std::mutex> lk(c.mu);
+  return c.by_id.count(id) > 0;
+}
+
+bool graph_join_capture(uint64_t id, const Stream& s) {
+  Captures& c = captures();
+  std::lock_guard<std::mutex> lk(c.mu);
+  auto it = c.by_id.find(id);
+  if (it == c.by_id.end()) return false;
+  it->second->join(s);
+  return true;
+}
+
 uint64_t Graph::rng_reserve(uint64_t increment) {
   std::lock_guard<std::mutex> lk(mu_);
   if (!capturing_) throw CaptureError("rng_reserve on a neuron graph that is not capturing");
@@ -36,8 +83,11 @@ uint64_t Graph::rng_reserve(uint64_t increment) {
 
 Graph::~Graph() {
   try {
-    if (capturing_) {  // destroyed mid-capture: the stream stops capturing, nothing is kept
+    if (capturing_) {  // destroyed mid-capture: the streams stop capturing, nothing is kept
+      unregister_capture(std::exchange(capture_id_, 0));
       stream_set_capture_graph(stream_, nullptr);
+      for (const Stream& j : joined_) stream_set_capture_graph(j, nullptr);
+      joined_.clear();
       capturing_.reset();
     }
     reset();
@@ -70,13 +120,34 @@ void Graph::capture_begin(const Stream& s, uint64_t pool) {
     holds_pool_ = false;
     throw;
   }
+  capture_id_ = register_capture(this);
+}
+
+uint64_t Graph::capture_id() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return capture_id_;
+}
+
+void Graph::join(const Stream& s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!capturing_) throw CaptureError("join: the neuron graph is not capturing");
+  if (s.device() != stream_.device()) {
+    throw CaptureError(stream_name(s) + " waited on an event recorded in a capture of " +
+                       stream_name(stream_) + ": a graph captures one device's streams");
+  }
+  stream_set_capture_graph(s, this);  // throws if s captures another graph
+  joined_.push_back(s);
 }
 
 void Graph::capture_end() {
   run_flush_hook(FlushPoint::kGraphCapture);
+  unregister_capture(capture_id());  // no stream joins from here on
   std::unique_lock<std::mutex> lk(mu_);
   if (!capturing_) throw CaptureError("capture_end on a neuron graph that is not capturing");
+  capture_id_ = 0;
   stream_set_capture_graph(stream_, nullptr);
+  for (const Stream& j : joined_) stream_set_capture_graph(j, nullptr);
+  joined_.clear();
   std::unique_ptr<Items> items = std::move(capturing_);
   if (!invalid_.empty()) {
     const std::string why = std::move(invalid_);
@@ -90,11 +161,11 @@ void Graph::capture_end() {
   items_ = std::shared_ptr<Items>(items.release());
 }
 
-void Graph::record(Work&& work) {
+void Graph::record(const Stream& s, Work&& work) {
   std::unique_lock<std::mutex> lk(mu_);
   if (!capturing_) {  // the capture ended between the stream's check and now
     lk.unlock();
-    hal().stream_enqueue(stream_.hal_stream(), std::move(work));
+    hal().stream_enqueue(s.hal_stream(), std::move(work));
     return;
   }
   if (!work.replayable) {

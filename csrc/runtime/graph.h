@@ -3,6 +3,11 @@
 // buffers. Allocations on a capturing stream come from the graph's private memory pool
 // (caching_allocator.h), reserved until the graph is reset. Not a graph compiler: the items
 // are the launches as they were queued; nothing is fused or reordered.
+// Several streams, as CUDA's fork and join: an event recorded on a capturing stream is a point
+// in the capture; a stream that waits on it joins the capture (its work is recorded into the
+// same graph until capture_end), and a capturing stream waiting on it needs nothing. The graph
+// keeps one list in the order the host queued the work, which respects every stream's order
+// and every event edge, and a replay runs it on one stream.
 #pragma once
 
 #include <cstddef>
@@ -67,10 +72,13 @@ class Graph {
   uint64_t rng_increment() const { return rng_increment_; }
   size_t num_items() const { return items_ ? items_->work.size() : 0; }
 
-  // Called by Stream for work queued on the stream this graph captures. record() throws
+  // Called by Stream for work queued on s, a stream this graph captures. record() throws
   // CaptureError for work that is not replayable; fail() invalidates the capture.
-  void record(Work&& work);
+  void record(const Stream& s, Work&& work);
   [[noreturn]] void fail(const std::string& what);
+  // s joins this capture (graph_join_capture); throws CaptureError if it cannot.
+  void join(const Stream& s);
+  uint64_t capture_id();  // 0 when not capturing
 
  private:
   struct Items {
@@ -82,6 +90,8 @@ class Graph {
   std::unique_ptr<Items> capturing_;
   std::string invalid_;  // why the capture failed, empty while valid
   Stream stream_;
+  std::vector<Stream> joined_;  // streams that joined the capture (fork), until capture_end
+  uint64_t capture_id_ = 0;     // this capture's id (events recorded in it keep it); 0 = none
   uint64_t pool_ = 0;
   uint64_t rng_increment_ = 0;
   bool holds_pool_ = false;
@@ -90,5 +100,15 @@ class Graph {
 
 // A fresh pool id (torch.neuron.graph_pool_handle()); never 0.
 uint64_t graph_pool_create();
+
+// The id of the capture s records into (0 when s does not capture): what an event recorded on
+// s keeps (event.cpp).
+uint64_t graph_capture_id(const Stream& s);
+// s waits on an event recorded in capture `id`: s joins that capture if it is still going on
+// (true), else nothing (false: the capture ended; the event is no point of the device's work).
+// Throws CaptureError if s captures another graph.
+bool graph_join_capture(uint64_t id, const Stream& s);
+// Whether capture `id` is still going on.
+bool graph_capture_active(uint64_t id);
 
 }  // namespace openneuron::runtime

@@ -100,7 +100,7 @@ void set_flush_hook(FlushHook hook) { detail::flush_hook.store(hook, std::memory
 void Stream::enqueue(Work work) const {
   run_flush_hook(FlushPoint::kEnqueue);
   if (Graph* g = stream_capture_graph(*this)) {
-    g->record(std::move(work));
+    g->record(*this, std::move(work));
     return;
   }
   hal().stream_enqueue(hal_stream(), std::move(work));
@@ -120,7 +120,7 @@ void Stream::memcpy(void* dst, const void* src, size_t bytes, CopyKind kind) con
     w.fn = [dst, src, bytes] { std::memcpy(dst, src, bytes); };
     w.name = "memcpy DtoD";
     w.replayable = true;
-    g->record(std::move(w));
+    g->record(*this, std::move(w));
     return;
   }
   hal().memcpy(dst, src, bytes, kind, hal_stream());

@@ -33,8 +33,10 @@ class NeuronGraph(_C._NeuronGraph):
     refill static inputs with `copy_` before a replay and read the outputs captured. Tensors
     created during the capture come from the graph's private memory pool, reserved until
     `reset()` or the graph's destruction. A capturing stream refuses what cannot be replayed —
-    a synchronize, a copy between host and device, an event, a random op (its seed is taken when
-    queued), a collective — with an error naming it, and the capture is invalidated.
+    a synchronize, a copy between host and device, a wait on an event recorded outside the
+    capture, a random op with its own generator, a collective — with an error naming it, and
+    the capture is invalidated. A stream waiting on an event recorded in the capture joins it
+    (CUDA's fork and join) until capture_end.
     """
 
     def __new__(cls, keep_graph: bool = False):
@@ -171,14 +173,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3,
                                    grad_outputs=grad_outputs, only_inputs=True,
                                    allow_unused=allow_unused_input)
 
-    # NOTE: the warm-up runs on the stream the captures use (torch.cuda warms up on another
-    # side stream): the autograd nodes it creates for parameters (AccumulateGrad) remember their
-    # stream, and a backward captured on a different one would join them with events, which a
-    # neuron capture refuses.
-    if graph.default_capture_stream is None:
-        graph.default_capture_stream = Stream()
     synchronize()
-    with _stream_context(graph.default_capture_stream):
+    with _stream_context(Stream()):
         for c, args, surface in zip(callables, sample_args, surfaces):
             for _ in range(num_warmup_iters):
                 outputs = pytree.tree_leaves(c(*args))

@@ -1,13 +1,15 @@
 // gtests for graph capture (runtime/graph.h) over the process HAL: recording instead of running,
 // replays in order and repeated, what a capturing stream refuses (syncs, host copies, work that
 // cannot run twice) and the invalidated capture, errors naming the failed item, nested capture of
-// a replay, destruction mid-capture, the generator state of each replay, and the graph's private
+// a replay, destruction mid-capture, streams joining a capture through events (fork / join), the
+// generator state of each replay, and the graph's private
 // memory pool (reuse inside the capture
 // only, kept by empty_cache, back to the stream after reset).
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -107,9 +109,10 @@ TEST(Graph, SyncsAndEventsOnACapturingStreamThrow) {
   EXPECT_THROW(g.capture_end(), CaptureError);
   EXPECT_FALSE(device_capturing(0));
 
+  Event outside;  // recorded on the device: a capturing stream cannot wait on it
+  outside.record(s);
   g.capture_begin(s);
-  Event e;
-  EXPECT_THROW(e.record(s), CaptureError);
+  EXPECT_THROW(outside.block(s), CaptureError);
   EXPECT_THROW(g.capture_end(), CaptureError);
 
   // A second capture of the same stream, and a replay of an empty graph, are errors too.
@@ -118,6 +121,74 @@ TEST(Graph, SyncsAndEventsOnACapturingStreamThrow) {
   EXPECT_THROW(b.capture_begin(s), CaptureError);
   a.capture_end();
   EXPECT_THROW(b.replay(s), CaptureError);
+}
+
+// CUDA's fork and join: a stream waiting on an event recorded in the capture joins it; its work
+// is recorded in the order queued and replays after what preceded the record; after capture_end
+// it runs on its own again.
+TEST(Graph, StreamsJoinTheCaptureThroughEvents) {
+  const Stream s = stream_from_pool(0);
+  const Stream side = stream_from_pool(0);
+  ASSERT_NE(s.id(), side.id());
+  std::vector<int> order;
+  std::mutex mu;
+  auto push = [&](int v) {
+    std::lock_guard<std::mutex> lk(mu);
+    order.push_back(v);
+  };
+  Graph g;
+  g.capture_begin(s);
+  s.enqueue(replayable([&] { push(1); }));
+  Event fork, join;
+  fork.record(s);
+  EXPECT_TRUE(fork.query());  // a point in the capture, nothing on the device
+  EXPECT_EQ(stream_capture_graph(side), nullptr);
+  fork.block(side);  // side joins the capture
+  EXPECT_EQ(stream_capture_graph(side), &g);
+  side.enqueue(replayable([&] { push(2); }));
+  join.record(side);
+  join.block(s);  // same capture: nothing to wait for
+  s.enqueue(replayable([&] { push(3); }));
+  EXPECT_THROW(side.synchronize(), CaptureError);  // a joined stream captures: no sync
+  EXPECT_THROW(g.capture_end(), CaptureError);
+
+  g.capture_begin(s);
+  s.enqueue(replayable([&] { push(1); }));
+  fork.record(s);
+  fork.block(side);
+  side.enqueue(replayable([&] { push(2); }));
+  join.record(side);
+  join.block(s);
+  s.enqueue(replayable([&] { push(3); }));
+  g.capture_end();
+  EXPECT_EQ(stream_capture_graph(side), nullptr);
+  EXPECT_EQ(g.num_items(), 3u);
+  s.synchronize();
+  side.synchronize();
+  EXPECT_TRUE(order.empty());
+  g.replay(s);
+  g.replay(s);
+  s.synchronize();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 3, 1, 2, 3}));
+  // After the capture: side runs its own work; waiting on the capture's event is a no-op.
+  fork.block(side);
+  side.enqueue(make_work([&] { push(4); }));
+  side.synchronize();
+  EXPECT_EQ(order.back(), 4);
+
+  // A stream capturing another graph cannot wait on this capture's event.
+  Graph a, b;
+  a.capture_begin(s);
+  Event e;
+  e.record(s);
+  b.capture_begin(side);
+  EXPECT_THROW(e.block(side), CaptureError);
+  EXPECT_THROW(b.capture_end(), CaptureError);
+  a.capture_end();
+  // ... but once that capture has ended, its event is nothing to wait for.
+  b.capture_begin(side);
+  e.block(side);
+  b.capture_end();
 }
 
 TEST(Graph, WorkThatCannotRunTwiceIsRefusedByName) {

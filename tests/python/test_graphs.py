@@ -99,12 +99,14 @@ def test_whole_training_step_captured_matches_eager(optimizer):
 def test_what_a_capture_refuses_is_an_error_naming_it(case):
     x = torch.randn(4, 4, device=DEV)
     gen = torch.Generator(DEV).manual_seed(0)
+    before = torch.neuron.Event()
+    before.record()  # on the device, before the capture
     body = {
         "item": lambda: x.sum().item(),
         "synchronize": torch.neuron.synchronize,
         "host_copy": lambda: x.cpu(),
         "own_generator": lambda: x.bernoulli_(0.5, generator=gen),
-        "event": lambda: torch.neuron.Event().record(),
+        "event": lambda: torch.neuron.current_stream().wait_event(before),
     }[case]
     expected = {"item": "device to the host", "synchronize": "synchronize",
                 "host_copy": "device to the host", "own_generator": "bernoulli",
@@ -119,6 +121,34 @@ def test_what_a_capture_refuses_is_an_error_naming_it(case):
         y = x * 2
     g.replay()
     torch.testing.assert_close(y.cpu(), x.cpu() * 2)
+
+
+def test_capture_forks_and_joins_a_side_stream():
+    """CUDA's cross-stream capture: a side stream that waits on the capturing stream joins the
+    capture; the capturing stream waits on it again before using its results."""
+    x = torch.randn(64, device=DEV)
+    side = torch.neuron.Stream()
+
+    def body():
+        main = torch.neuron.current_stream()
+        side.wait_stream(main)
+        with torch.neuron.stream(side):
+            a = x * 2
+        b = x + 1
+        main.wait_stream(side)
+        return a + b
+
+    _warm_up(body)
+    g = torch.neuron.NeuronGraph()
+    with torch.neuron.graph(g):
+        out = body()
+        with torch.neuron.stream(side):
+            assert torch.neuron.is_current_stream_capturing()  # joined until capture_end
+    assert not torch.neuron.is_current_stream_capturing()
+    for v in (torch.randn(64), torch.arange(64.0)):
+        x.copy_(v.to(DEV))
+        g.replay()
+        torch.testing.assert_close(out.cpu(), v * 2 + v + 1)
 
 
 def test_random_ops_draw_new_numbers_each_replay_as_eager_would():
