@@ -99,6 +99,13 @@ void Graph::capture_begin(const Stream& s, uint64_t pool) {
   // NOTE: ops held back by adaptive eager go out first, uncaptured (and at capture_end, into
   // the graph); unlocked: a flush enqueues, which record() would lock for.
   run_flush_hook(FlushPoint::kGraphCapture);
+  // NOTE: registered before mu_ is taken (lock order: the registry, then mu_); no event can
+  // name the id before the stream captures.
+  const uint64_t id = register_capture(this);
+  struct Unregister {
+    uint64_t id;
+    ~Unregister() { unregister_capture(id); }
+  } on_error{id};
   std::lock_guard<std::mutex> lk(mu_);
   if (capturing_ || items_) {
     throw CaptureError(
@@ -120,7 +127,8 @@ void Graph::capture_begin(const Stream& s, uint64_t pool) {
     holds_pool_ = false;
     throw;
   }
-  capture_id_ = register_capture(this);
+  capture_id_ = id;
+  on_error.id = 0;  // registered for the capture
 }
 
 uint64_t Graph::capture_id() {
