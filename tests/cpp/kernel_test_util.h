@@ -1,7 +1,9 @@
-// Shared helpers for the kernel gtests: seeded normal data and a two-thread parallel backend
-// (each parallel_for split in halves, one on a second thread), so a test runs a kernel both
+// Shared helpers for the kernel gtests: seeded normal data, a two-thread parallel backend (each
+// parallel_for split in halves, one on a second thread) and a fixture running a test both
 // serially and split.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
@@ -29,5 +31,17 @@ inline void use_two_threads() {
         t.join();
       });
 }
+
+// A kernel test instantiated serially (false) and with the two-thread backend (true).
+class SerialAndTwoThreads : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (GetParam())
+      use_two_threads();
+    else
+      runtime::set_parallel_backend(nullptr);
+  }
+  void TearDown() override { runtime::set_parallel_backend(nullptr); }
+};
 
 }  // namespace openneuron::kernels::test_util

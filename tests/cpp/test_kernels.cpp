@@ -29,17 +29,7 @@ void expect_near(const std::vector<float>& got, const std::vector<double>& want,
     ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "at " << i;
 }
 
-class Kernels : public ::testing::TestWithParam<bool> {
- protected:
-  void SetUp() override {
-    if (GetParam()) {
-      test_util::use_two_threads();
-    } else {
-      runtime::set_parallel_backend(nullptr);
-    }
-  }
-  void TearDown() override { runtime::set_parallel_backend(nullptr); }
-};
+class Kernels : public test_util::SerialAndTwoThreads {};
 
 TEST(KernelUtil, ExpMatchesStdExp) {
   for (float x = -100.0f; x < 100.0f; x += 0.173f) {

@@ -20,7 +20,6 @@ namespace openneuron::kernels {
 namespace {
 
 using test_util::randn;
-using test_util::use_two_threads;
 
 struct Case {
   int64_t m, n, k;
@@ -115,16 +114,10 @@ std::vector<Case> cases() {
   return v;
 }
 
-class GemvKernel : public ::testing::TestWithParam<bool> {
+class GemvKernel : public test_util::SerialAndTwoThreads {
  protected:
-  void SetUp() override {
-    if (GetParam())
-      use_two_threads();
-    else
-      runtime::set_parallel_backend(nullptr);
-  }
   void TearDown() override {
-    runtime::set_parallel_backend(nullptr);
+    SerialAndTwoThreads::TearDown();
     runtime::set_isa(runtime::host_isa());
   }
 };

@@ -23,16 +23,7 @@ namespace {
 using test_util::randn;
 using test_util::use_two_threads;
 
-class RmsNormKernel : public ::testing::TestWithParam<bool> {
- protected:
-  void SetUp() override {
-    if (GetParam())
-      use_two_threads();
-    else
-      runtime::set_parallel_backend(nullptr);
-  }
-  void TearDown() override { runtime::set_parallel_backend(nullptr); }
-};
+class RmsNormKernel : public test_util::SerialAndTwoThreads {};
 
 struct Ref {
   std::vector<double> y, rstd, dx, dw;
