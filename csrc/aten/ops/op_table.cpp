@@ -153,8 +153,9 @@ void analyze(OpInfo& info, const c10::FunctionSchema& s, const c10::OperatorHand
 
 struct Table {
   std::mutex mu;
-  std::unordered_map<const void*, OpInfo*> by_key;
-  std::deque<OpInfo> infos;  // stable addresses
+  std::unordered_map<const void*, OpInfo*> by_key;   // by schema
+  std::unordered_map<std::string, OpInfo*> by_name;  // native kernels' own: by "name.overload"
+  std::deque<OpInfo> infos;                          // stable addresses
   std::deque<std::string> names;
 };
 
@@ -163,11 +164,10 @@ Table& table() {
   return *t;
 }
 
-OpInfo& create_locked(Table& t, const void* key, const std::string& name) {
+OpInfo& create_locked(Table& t, const std::string& name) {
   t.names.push_back(name);
   OpInfo& info = t.infos.emplace_back();
   info.name = t.names.back().c_str();
-  t.by_key.emplace(key, &info);
   return info;
 }
 
@@ -194,19 +194,24 @@ OpInfo& op_info_slow(const c10::OperatorHandle& op) {
   if (it != t.by_key.end()) return *it->second;
   std::string name = s.name();
   if (!s.overload_name().empty()) name += "." + s.overload_name();
-  OpInfo& info = create_locked(t, &s, name);
+  OpInfo& info = create_locked(t, name);
+  t.by_key.emplace(&s, &info);
   analyze(info, s, &op);
   return info;
 }
 
 OpInfo& op_info(const char* name, const char* overload) {
-  Table& t = table();
-  std::lock_guard<std::mutex> lock(t.mu);
-  auto it = t.by_key.find(name);
-  if (it != t.by_key.end()) return *it->second;
+  // NOTE: keyed by the full name: keyed by the name's pointer, two overloads of one op (histc
+  // and histc.out) shared the first one's row.
   std::string full = name;
   if (overload && *overload) full += std::string(".") + overload;
-  return create_locked(t, name, full);
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.by_name.find(full);
+  if (it != t.by_name.end()) return *it->second;
+  OpInfo& info = create_locked(t, full);
+  t.by_name.emplace(full, &info);
+  return info;
 }
 
 std::vector<OpInfo*> op_info_all() {
