@@ -247,7 +247,7 @@ bool try_gemv(OpInfo& info, const at::Tensor& a, const at::Tensor& b, const at::
   return true;
 }
 
-at::Tensor gemv_result(const at::Tensor& a, const at::Tensor& b) {
+at::Tensor product_result(const at::Tensor& a, const at::Tensor& b) {
   return empty_on({a.size(0), b.size(1)}, a.scalar_type(), a.device());
 }
 
@@ -256,14 +256,23 @@ bool gemv_shape(const at::Tensor& a, const at::Tensor& b) {
          a.size(0) <= kernels::kGemvMaxRows;
 }
 
+// The functional forms as ATen's structured wrappers run them: the result allocated here, then
+// the .out form, so that without the kernel the fallback's CPU kernel writes the device buffer
+// (the functional CPU kernel's host result would be copied over). Other ranks: the functional
+// op, for ATen's error.
+bool out_form(const at::Tensor& a, const at::Tensor& b) {
+  return on_neuron(a) && a.dim() == 2 && b.dim() == 2;
+}
+
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   static const c10::OperatorHandle op = find_op("aten::mm", "");
+  static const c10::OperatorHandle op_out = find_op("aten::mm", "out");
   static OpInfo& info = op_info(op);
-  if (gemv_shape(a, b)) {
-    at::Tensor y = gemv_result(a, b);
-    if (try_gemv(info, a, b, at::Tensor(), 0, 1, y)) return y;
-  }
-  return boxed_fallback<at::Tensor>(op, a, b);
+  if (!out_form(a, b)) return boxed_fallback<at::Tensor>(op, a, b);
+  at::Tensor y = product_result(a, b);
+  if (gemv_shape(a, b) && try_gemv(info, a, b, at::Tensor(), 0, 1, y)) return y;
+  boxed_fallback<at::Tensor>(op_out, a, b, y);
+  return y;
 }
 
 at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
@@ -277,12 +286,13 @@ at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
                  const c10::Scalar& beta, const c10::Scalar& alpha) {
   static const c10::OperatorHandle op = find_op("aten::addmm", "");
+  static const c10::OperatorHandle op_out = find_op("aten::addmm", "out");
   static OpInfo& info = op_info(op);
-  if (gemv_shape(a, b)) {
-    at::Tensor y = gemv_result(a, b);
-    if (try_gemv(info, a, b, self, beta, alpha, y)) return y;
-  }
-  return boxed_fallback<at::Tensor>(op, self, a, b, beta, alpha);
+  if (!out_form(a, b)) return boxed_fallback<at::Tensor>(op, self, a, b, beta, alpha);
+  at::Tensor y = product_result(a, b);
+  if (gemv_shape(a, b) && try_gemv(info, a, b, self, beta, alpha, y)) return y;
+  boxed_fallback<at::Tensor>(op_out, self, a, b, beta, alpha, y);
+  return y;
 }
 
 at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
