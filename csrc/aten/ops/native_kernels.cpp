@@ -251,11 +251,6 @@ at::Tensor product_result(const at::Tensor& a, const at::Tensor& b) {
   return empty_on({a.size(0), b.size(1)}, a.scalar_type(), a.device());
 }
 
-bool gemv_shape(const at::Tensor& a, const at::Tensor& b) {
-  return native_kernels_enabled() && a.dim() == 2 && b.dim() == 2 && a.size(0) >= 1 &&
-         a.size(0) <= kernels::kGemvMaxRows;
-}
-
 // The functional forms as ATen's structured wrappers run them: the result allocated here, then
 // the .out form, so that without the kernel the fallback's CPU kernel writes the device buffer
 // (the functional CPU kernel's host result would be copied over). Other ranks: the functional
@@ -270,7 +265,7 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
   static OpInfo& info = op_info(op);
   if (!out_form(a, b)) return boxed_fallback<at::Tensor>(op, a, b);
   at::Tensor y = product_result(a, b);
-  if (gemv_shape(a, b) && try_gemv(info, a, b, at::Tensor(), 0, 1, y)) return y;
+  if (try_gemv(info, a, b, at::Tensor(), 0, 1, y)) return y;
   boxed_fallback<at::Tensor>(op_out, a, b, y);
   return y;
 }
@@ -278,7 +273,7 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
 at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   static const c10::OperatorHandle op = find_op("aten::mm", "out");
   static OpInfo& info = op_info(op);
-  if (gemv_shape(a, b) && try_gemv(info, a, b, at::Tensor(), 0, 1, out)) return out;
+  if (try_gemv(info, a, b, at::Tensor(), 0, 1, out)) return out;
   boxed_fallback<at::Tensor>(op, a, b, out);
   return out;
 }
@@ -290,7 +285,7 @@ at::Tensor addmm(const at::Tensor& self, const at::Tensor& a, const at::Tensor& 
   static OpInfo& info = op_info(op);
   if (!out_form(a, b)) return boxed_fallback<at::Tensor>(op, self, a, b, beta, alpha);
   at::Tensor y = product_result(a, b);
-  if (gemv_shape(a, b) && try_gemv(info, a, b, self, beta, alpha, y)) return y;
+  if (try_gemv(info, a, b, self, beta, alpha, y)) return y;
   boxed_fallback<at::Tensor>(op_out, self, a, b, beta, alpha, y);
   return y;
 }
@@ -299,7 +294,7 @@ at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a, const at::Ten
                       const c10::Scalar& beta, const c10::Scalar& alpha, at::Tensor& out) {
   static const c10::OperatorHandle op = find_op("aten::addmm", "out");
   static OpInfo& info = op_info(op);
-  if (gemv_shape(a, b) && try_gemv(info, a, b, self, beta, alpha, out)) return out;
+  if (try_gemv(info, a, b, self, beta, alpha, out)) return out;
   boxed_fallback<at::Tensor>(op, self, a, b, beta, alpha, out);
   return out;
 }
@@ -308,7 +303,7 @@ at::Tensor& addmm_inplace(at::Tensor& self, const at::Tensor& a, const at::Tenso
                           const c10::Scalar& beta, const c10::Scalar& alpha) {
   static const c10::OperatorHandle op = find_op("aten::addmm_", "");
   static OpInfo& info = op_info(op);
-  if (gemv_shape(a, b) && try_gemv(info, a, b, self, beta, alpha, self)) return self;
+  if (try_gemv(info, a, b, self, beta, alpha, self)) return self;
   boxed_fallback<at::Tensor>(op, self, a, b, beta, alpha);
   return self;
 }
