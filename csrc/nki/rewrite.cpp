@@ -1,8 +1,9 @@
 // Parse-time rewrites of a traced NKI program's instructions (rewrite_instance, program.h), run
 // once per instance before scheduling: copies between HBM and tiles forwarded (a load's readers
-// read the HBM view, a store's producer writes it) where the tile is not otherwise read, and a
-// matmul absorbing the `acc += result` after it. Not the parser or the schedule (program.cpp).
-// Each rewrite leaves every element the same values through the same operations.
+// read the HBM view, a store's producer writes it) where the tile is not otherwise read, a
+// matmul absorbing the `acc += result` after it, and an elementwise result read only by the
+// next instruction computed in that instruction's registers. Not the parser or the schedule
+// (program.cpp). Each rewrite leaves every element the same values through the same operations.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -307,6 +308,135 @@ void merge_k_loops(std::vector<Instr>& instrs) {
   }
 }
 
+// --- chains of elementwise instructions ---------------------------------------------------
+
+bool same_preds(const Instr& a, const Instr& b) {
+  if (a.preds.size() != b.preds.size()) return false;
+  for (size_t k = 0; k < a.preds.size(); ++k) {
+    if (a.preds[k].c != b.preds[k].c) return false;
+    for (int d = 0; d < 2; ++d)
+      if (a.preds[k].coef[d] != b.preds[k].coef[d]) return false;
+  }
+  return true;
+}
+
+bool draws_random(const Instr& in) {
+  for (const Step& st : in.steps)
+    if (st.op == Op::k_random || st.op == Op::k_launch_random) return true;
+  return false;
+}
+
+// A two-axis elementwise instruction that may be inlined into its reader (a), or read a
+// producer inlined into it (b).
+bool chain_link(const Instr& in) {
+  return in.kind == Kind::kElementwise && !in.dropped && !in.absorbed && in.ndim == 2 &&
+         !empty_box(in) && !draws_random(in) && in.transposed.empty();
+}
+
+// How operand o of b (over b's box) reads a's destination (over a's box), element for element:
+// per axis, the same index (equal extents and strides) or a's only index broadcast (a's extent
+// 1, o's stride 0). False for any other reading, or a's predicates not b's on the lanes b reads.
+bool reads_whole_result(const Operand& o, const Instr& b, const Instr& a, bool broadcast[2]) {
+  const Operand& t = a.dst;
+  if (o.type != Operand::kView || o.slot != t.slot || o.dtype != t.dtype || o.offset != t.offset)
+    return false;
+  for (int d = 0; d < 2; ++d) {
+    broadcast[d] = false;
+    if (a.extent[d] == b.extent[d] && (a.extent[d] == 1 || o.stride[d] == t.stride[d])) continue;
+    if (a.extent[d] != 1 || o.stride[d] != 0) return false;
+    broadcast[d] = true;
+  }
+  if (a.preds.empty()) return true;  // a wrote every lane
+  if (!same_preds(a, b)) return false;
+  for (const Pred& pr : a.preds)
+    for (int d = 0; d < 2; ++d)
+      if (broadcast[d] && pr.coef[d] != 0) return false;
+  return true;
+}
+
+// a (at i) is inlined into b, the next instruction run (at j), when b is the only reader of a's
+// result: b reads it element for element, lane by lane under the same mask (or a [P, 1] / [1, F]
+// result broadcast), and nothing reads it afterwards, a's result is a float32 tile of the arena
+// (its value is the float the register held), and b writes nothing a reads (so b's rows may read
+// a's operands after b's earlier rows wrote). The merged b computes a's steps in registers then
+// its own: the same operations on the same floats in the same order (bitwise the same results),
+// one pass over the rows instead of two and no tile written and read back in between.
+bool inline_into(std::vector<Instr>& instrs, size_t i, size_t j, int32_t arena) {
+  const Instr& a = instrs[i];
+  Instr& b = instrs[j];
+  if (!chain_link(a) || !chain_link(b) || a.nreduce != 0 || a.accumulate ||
+      a.dst.type != Operand::kView || a.dst.slot != arena || a.dst.dtype != DType::k_float32)
+    return false;
+  const int64_t pitch = a.dst.stride[0] * 4;
+  std::vector<int> reader;  // b's operands that read a's result
+  bool broadcast[2] = {false, false};
+  for (size_t k = 0; k < b.src.size(); ++k) {
+    if (!touch(b.src[k], b, a.dst, a, pitch)) continue;
+    bool bc[2];
+    if (!reads_whole_result(b.src[k], b, a, bc)) return false;
+    if (!reader.empty() && (bc[0] != broadcast[0] || bc[1] != broadcast[1])) return false;
+    broadcast[0] = bc[0];
+    broadcast[1] = bc[1];
+    reader.push_back(static_cast<int>(k));
+  }
+  if (reader.empty() || touch(b.dst, b, a.dst, a, pitch)) return false;
+  for (const Operand& o : a.src)
+    if (o.type == Operand::kView && touch(b.dst, b, o, a, o.slot == arena ? pitch : 0))
+      return false;
+  const size_t n_src = b.src.size() - reader.size() + a.src.size();
+  if (n_src + a.steps.size() + b.steps.size() > static_cast<size_t>(kMaxRegisters)) return false;
+  if (!unread_after(instrs, j + 1, a.dst, a, arena)) return false;
+
+  // Registers of the merged instruction: b's other operands, a's operands, a's steps, b's steps.
+  std::vector<Operand> src;
+  std::vector<int> b_reg(b.src.size() + b.steps.size());
+  for (size_t k = 0; k < b.src.size(); ++k)
+    if (std::find(reader.begin(), reader.end(), static_cast<int>(k)) == reader.end()) {
+      b_reg[k] = static_cast<int>(src.size());
+      src.push_back(b.src[k]);
+    }
+  std::vector<int> a_reg(a.src.size() + a.steps.size());
+  for (size_t k = 0; k < a.src.size(); ++k) {
+    a_reg[k] = static_cast<int>(src.size());
+    Operand o = a.src[k];
+    for (int d = 0; d < 2; ++d)
+      if (broadcast[d]) o.stride[d] = 0;  // a's only index along that axis
+    src.push_back(o);
+  }
+  std::vector<Step> steps;
+  auto add = [&](const Step& st, const std::vector<int>& reg) {
+    steps.push_back({st.op, static_cast<uint8_t>(reg[st.a]), static_cast<uint8_t>(reg[st.b]),
+                     static_cast<uint8_t>(reg[st.c])});
+  };
+  for (size_t s = 0; s < a.steps.size(); ++s) {
+    add(a.steps[s], a_reg);
+    a_reg[a.src.size() + s] = static_cast<int>(n_src + s);
+  }
+  const int a_result = a_reg[a.steps.empty() ? 0 : a.src.size() + a.steps.size() - 1];
+  for (int k : reader) b_reg[static_cast<size_t>(k)] = a_result;
+  for (size_t s = 0; s < b.steps.size(); ++s) {
+    add(b.steps[s], b_reg);
+    b_reg[b.src.size() + s] = static_cast<int>(n_src + a.steps.size() + s);
+  }
+  // With no steps of b's own, b's result is its one operand: a's result, which must then be the
+  // merged instruction's result register (its last step, or operand 0 without steps).
+  if (b.steps.empty() &&
+      a_result != (steps.empty() ? 0 : static_cast<int>(n_src + steps.size() - 1)))
+    return false;
+  b.src = std::move(src);
+  b.steps = std::move(steps);
+  instrs[i].dropped = true;
+  return true;
+}
+
+void inline_chains(std::vector<Instr>& instrs, int32_t arena) {
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    size_t j = i + 1;
+    while (j < instrs.size() && (instrs[j].dropped || instrs[j].absorbed)) ++j;
+    if (j < instrs.size()) inline_into(instrs, i, j, arena);
+  }
+}
+
 }  // namespace
 
 void rewrite_instance(std::vector<Instr>& instrs, int32_t arena) {
@@ -315,6 +445,7 @@ void rewrite_instance(std::vector<Instr>& instrs, int32_t arena) {
     for (size_t at = i, next; (next = forward_store(instrs, at, arena)) != at;) at = next;
   fuse_accumulates(instrs, arena);
   merge_k_loops(instrs);
+  inline_chains(instrs, arena);
 }
 
 }  // namespace openneuron::nki

@@ -94,9 +94,9 @@ void rows_view(Encoder& e, int slot, int64_t offset, int64_t F) {
   e.operand(0, slot, offset, {F, 1});
 }
 
-// Rows of 1024 floats: two rows to a block, so the chain runs as two blocks.
+// Rows of 4096 floats: two rows to a block, so the chain runs as two blocks.
 TEST(Nki, ChainRunsInRowBlocks) {
-  constexpr int64_t F = 1024, kBytes = 4 * F * 4;
+  constexpr int64_t F = 4096, kBytes = 4 * F * 4;
   // slots: a, b, out, arena (two tiles)
   Encoder e({kBytes, kBytes, kBytes, 2 * kBytes});
   e.w.insert(e.w.end(), {1, 3});
@@ -553,6 +553,109 @@ TEST(Nki, ColumnInstructionRunsTransposed) {
   program_run(*p, slots);
   for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], i <= 4 ? in[i] * 2.0f + 0.5f : -1.0f) << i;
   for (int i = 0; i < 5; ++i) EXPECT_EQ(chain[i], 2.0f * static_cast<float>(i + 2)) << i;
+}
+
+// RMSNorm's shape: sq = x * x; ms = sum(sq); a = ms + 1; r = a * 0.5; t = x * r; out = t * w;
+// rstd = r. A result read only by the next instruction, element for element or a [P, 1] column
+// broadcast along the row, is computed in its reader's registers: sum(x * x), (ms + 1) * 0.5 and
+// x * r * w, three tiles never written. Not inlined: t read again afterwards (variant 1), or
+// read under a mask other than the one that wrote it (variant 2: t for rows <= 2, out for rows
+// <= 1), or the reader writing what t was computed from (variant 3: x = t * w in place of out).
+// The results are the same floats either way.
+TEST(Nki, ElementwiseChainsRunInTheirReadersRegisters) {
+  constexpr int64_t F = 8, P = 4, kPitch = 32;  // arena: sq 0-7, ms 8, a 9, r 10, t 11-18
+  constexpr int kSq = 0, kMs = 8, kA = 9, kR = 10, kT = 11;
+  for (int variant : {0, 1, 2, 3}) {
+    // slots: x, w, out, rstd, out2, arena
+    Encoder e({P * F * 4, F * 4, P * F * 4, P * 4, P * F * 4, P * kPitch * 4});
+    e.w.insert(e.w.end(), {1, variant == 1 ? 8 : 7});
+    e.header(0, {P, F});  // sq = x * x
+    e.operand(0, 5, kSq, {kPitch, 1});
+    e.w.push_back(1);
+    rows_view(e, 0, 0, F);
+    e.w.insert(e.w.end(), {1, kMul, 0, 0, 0, 0});
+    e.header(0, {P, F}, 1, kAdd);  // ms = sum(sq)
+    e.operand(0, 5, kMs, {kPitch, 0});
+    e.w.push_back(1);
+    e.operand(0, 5, kSq, {kPitch, 1});
+    e.w.insert(e.w.end(), {0, 0});
+    e.header(0, {P, 1});  // a = ms + 1
+    e.operand(0, 5, kA, {kPitch, 1});
+    e.w.push_back(2);
+    e.operand(0, 5, kMs, {kPitch, 1});
+    e.operand(1, 0, 0, {0, 0}, 1.0);
+    e.w.insert(e.w.end(), {1, kAdd, 0, 1, 0, 0});
+    e.header(0, {P, 1});  // r = a * 0.5
+    e.operand(0, 5, kR, {kPitch, 1});
+    e.w.push_back(2);
+    e.operand(0, 5, kA, {kPitch, 1});
+    e.operand(1, 0, 0, {0, 0}, 0.5);
+    e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+    e.header(0, {P, F});  // t = x * r (rows <= 2 in variant 2)
+    e.operand(0, 5, kT, {kPitch, 1});
+    e.w.push_back(2);
+    rows_view(e, 0, 0, F);
+    e.operand(0, 5, kR, {kPitch, 0});
+    e.w.insert(e.w.end(), {1, kMul, 0, 1, 0});
+    if (variant == 2)
+      e.w.insert(e.w.end(), {1, 2, -1, 0});  // 2 - p >= 0
+    else
+      e.w.push_back(0);
+    e.header(0, {P, F});  // out = t * w (rows <= 1 in variant 2; x = t * w in variant 3)
+    rows_view(e, variant == 3 ? 0 : 2, 0, F);
+    e.w.push_back(2);
+    e.operand(0, 5, kT, {kPitch, 1});
+    e.operand(0, 1, 0, {0, 1});
+    e.w.insert(e.w.end(), {1, kMul, 0, 1, 0});
+    if (variant == 2)
+      e.w.insert(e.w.end(), {1, 1, -1, 0});  // 1 - p >= 0
+    else
+      e.w.push_back(0);
+    e.header(0, {P, 1});  // rstd = r
+    e.operand(0, 3, 0, {1, 0});
+    e.w.push_back(1);
+    e.operand(0, 5, kR, {kPitch, 1});
+    e.w.insert(e.w.end(), {0, 0});
+    if (variant == 1) {
+      e.header(0, {P, F});  // out2 = t
+      rows_view(e, 4, 0, F);
+      e.w.push_back(1);
+      e.operand(0, 5, kT, {kPitch, 1});
+      e.w.insert(e.w.end(), {0, 0});
+    }
+    auto p = e.parse();
+    const std::vector<Instr>& run = p->rewritten[0];
+    EXPECT_TRUE(run[0].dropped) << variant;
+    EXPECT_EQ(run[1].steps.size(), 1u) << variant;
+    EXPECT_EQ(run[1].src[0].slot, 0) << variant;
+    EXPECT_TRUE(run[2].dropped) << variant;
+    EXPECT_EQ(run[3].steps.size(), 2u) << variant;
+    EXPECT_FALSE(run[3].dropped) << variant;  // read by two instructions
+    EXPECT_EQ(run[4].dropped, variant == 0) << variant;
+    EXPECT_EQ(run[5].steps.size(), variant == 0 ? 2u : 1u) << variant;
+    std::vector<float> x(P * F), w(F), out(P * F, -1.0f), rstd(P, -1.0f), out2(P * F, -1.0f);
+    for (int64_t i = 0; i < P * F; ++i) x[i] = static_cast<float>(i % 7) - 3.0f;
+    for (int64_t f = 0; f < F; ++f) w[f] = 0.25f * static_cast<float>(f + 1);
+    void* slots[] = {x.data(), w.data(), out.data(), rstd.data(), out2.data(), nullptr};
+    const std::vector<float> x0 = x;
+    program_run(*p, slots);
+    const std::vector<float>& result = variant == 3 ? x : out;  // x = t * w: out untouched
+    for (int64_t r = 0; r < P; ++r) {
+      float ms = 0;
+      for (int64_t f = 0; f < F; ++f) ms += x0[r * F + f] * x0[r * F + f];
+      const float rr = (ms + 1.0f) * 0.5f;
+      EXPECT_EQ(rstd[r], rr) << variant << " " << r;
+      for (int64_t f = 0; f < F; ++f) {
+        const float t = x0[r * F + f] * rr;
+        const bool written = variant != 2 || r <= 1;
+        EXPECT_EQ(result[r * F + f], written ? t * w[f] : -1.0f) << variant << " " << r << "," << f;
+        EXPECT_EQ(out2[r * F + f], variant == 1 ? t : -1.0f) << variant << " " << r << "," << f;
+        if (variant == 3) {
+          EXPECT_EQ(out[r * F + f], -1.0f) << r << "," << f;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
