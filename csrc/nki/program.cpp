@@ -397,9 +397,11 @@ bool row_blockable(const Instr& in) {
 // NOTE: kMaxGroup bounds the parse-time checks (each instruction against its group's
 // footprints, a few hundred); each group is one parallel region, which costs a time slice when
 // another process holds a core, so groups span many tile iterations; kBlockBytes is one
-// instruction's float32 lanes per block, so that the tiles a block touches stay in L1.
+// instruction's float32 lanes per block: the tiles a block touches stay in L2, and each call
+// of an instruction covers enough rows that its set-up is small next to them (8 KiB blocks,
+// L1's size: RMSNorm 8192 x 256 took 1.10 ms on 2 cores of an AVX2 EPYC, 32 KiB: 0.94).
 constexpr int32_t kMaxGroup = 256;
-constexpr int64_t kBlockBytes = 8192;
+constexpr int64_t kBlockBytes = 32768;
 
 std::vector<Group> schedule(const std::vector<Instr>& instrs) {
   std::vector<Group> groups;
@@ -529,11 +531,10 @@ void run_group(const Program& p, const std::vector<Instr>& instrs, const Group& 
     run_one(p, instrs[static_cast<size_t>(g.begin)], slots, parallel, seed);
     return;
   }
-  const int64_t n_blocks = (g.rows + g.block_rows - 1) / g.block_rows;
-  auto blocks = [&](int64_t b, int64_t e) {
-    for (int64_t blk = b; blk < e; ++blk) {
-      const int64_t p0 = blk * g.block_rows;
-      const int64_t p1 = std::min(g.rows, p0 + g.block_rows);
+  // Each thread takes one run of rows and goes through it block by block.
+  auto rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t p0 = r0; p0 < r1; p0 += g.block_rows) {
+      const int64_t p1 = std::min(r1, p0 + g.block_rows);
       for (int32_t i = g.begin; i < g.end; ++i) {
         const Instr& in = instrs[static_cast<size_t>(i)];
         if (!in.dropped) run_elementwise_rows(in, slots, seed, p0, p1);
@@ -542,10 +543,10 @@ void run_group(const Program& p, const std::vector<Instr>& instrs, const Group& 
   };
   // NOTE: a parallel region costs a few microseconds: worth it from ~32 K lanes of work.
   constexpr int64_t kParallelLanes = int64_t{1} << 15;
-  if (parallel && n_blocks > 1 && g.lanes >= kParallelLanes)
-    runtime::parallel_for(0, n_blocks, 1, blocks);
+  if (parallel && g.rows > 1 && g.lanes >= kParallelLanes)
+    runtime::parallel_for(0, g.rows, 1, rows);
   else
-    blocks(0, n_blocks);
+    rows(0, g.rows);
 }
 
 // in_order: instruction by instruction, as written (aliasing slots).

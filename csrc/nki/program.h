@@ -179,11 +179,11 @@ struct Instr {
 
 // A run of consecutive elementwise instructions [begin, end) of one instance that the executor
 // runs block of rows by block of rows (rows = axis 0 of each instruction): every instruction
-// over rows [p, p + block_rows), then the next block; blocks in parallel. program_parse forms a
-// group only where no row of one instruction reads or writes memory that another row of any
-// instruction in the group writes, so each element sees the same operations in the same order
-// as instruction by instruction (results are bitwise the same); intermediate tiles then stay in
-// L1 (one pass over memory for a chain). blocked = false: one instruction, run whole.
+// over rows [p, p + block_rows), then the next block; each thread one run of rows. program_parse
+// forms a group only where no row of one instruction reads or writes memory that another row of
+// any instruction in the group writes, so each element sees the same operations in the same
+// order as instruction by instruction (results are bitwise the same); intermediate tiles then
+// stay in cache (one pass over memory for a chain). blocked = false: one instruction, run whole.
 struct Group {
   int32_t begin = 0;
   int32_t end = 0;
