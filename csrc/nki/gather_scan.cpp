@@ -3,7 +3,8 @@
 // run-time indices (nisa.local_gather) and the copy at a run-time offset
 // (nisa.tensor_copy_dynamic_src / _dst: the offset checked, then an elementwise copy), and the
 // DMA's indirect copy (rows of an HBM tensor gathered or scattered by a tile of run-time row
-// indices: each index checked, then that row copied). The scan, the gather and the indirect copy
+// indices: each index checked, then that row copied), and nisa.nonzero_with_count (positions of
+// the nonzero elements of a row). The scan, the gather, the indirect copy and nonzero_with_count
 // run row by row on the calling thread; the lane-parallel instructions are execute.cpp and
 // matmul.cpp. Semantics: Instr in program.h.
 #include <algorithm>
@@ -314,6 +315,30 @@ void run_indirect(const Instr& in, char* const* slots, const Program& prog, uint
       copy_row_bytes(copy, copy.src[0], copy.dst, slots, p);
     else
       run_elementwise_rows(copy, slots, seed, p, p + 1);
+  }
+}
+
+void run_nonzero(const Instr& in, char* const* slots) {
+  const Operand& src = in.src[0];
+  const Operand& dst = in.dst;
+  const int64_t T = in.extent[1];
+  char* out = slots[dst.slot];
+  auto put = [&](int64_t p, int64_t f, int64_t v) {
+    const int64_t at = dst.offset + dst.stride[0] * p + dst.stride[1] * f;
+    if (dst.dtype == DType::k_int32)  // exact, whatever its size
+      reinterpret_cast<int32_t*>(out)[at] = static_cast<int32_t>(v);
+    else
+      store_one(dst.dtype, out, at, static_cast<float>(v));
+  };
+  for (int64_t p = 0; p < in.extent[0]; p += 16) {
+    int64_t n = 0;
+    for (int64_t f = 0; f < T; ++f) {
+      const float v =
+          load_one(src.dtype, slots[src.slot], src.offset + src.stride[0] * p + src.stride[1] * f);
+      if (v != 0.0f) put(p, n++, f + in.nz_offset);
+    }
+    for (int64_t f = n; f < T; ++f) put(p, f, in.nz_pad);
+    put(p, T, n);
   }
 }
 

@@ -230,10 +230,21 @@ void check_indirect(const Reader& r, const Program& p, const Instr& in) {
                 in.ind_scale, in.ind_target == 0 ? "indirect source" : "indirect destination");
 }
 
+// See Instr (kNonzero): one source view, no steps or masks; the destination checked through its
+// count position T (the generic checks see it over [P, T]).
+void check_nonzero(const Reader& r, const Program& p, const Instr& in) {
+  if (in.ndim != 2 || in.nreduce != 0 || in.accumulate || in.src.size() != 1 || !in.steps.empty() ||
+      !in.preds.empty() || in.src[0].type != Operand::kView)
+    r.fail("malformed nonzero_with_count");
+  Instr box = in;
+  box.extent[1] = in.extent[1] + 1;
+  check_view(r, p, in.dst, box, "nonzero_with_count destination");
+}
+
 Instr read_instr(Reader& r, Program& p) {
   Instr in;
   const int n_slots = static_cast<int>(p.slot_bytes.size());
-  in.kind = static_cast<Kind>(r.next_in(0, 5, "instruction kind"));
+  in.kind = static_cast<Kind>(r.next_in(0, 6, "instruction kind"));
   in.ndim = static_cast<int>(r.next_in(1, kMaxDims, "rank"));
   for (int d = 0; d < in.ndim; ++d) in.extent[d] = r.next_in(0, int64_t{1} << 40, "extent");
   in.nreduce = static_cast<int>(r.next_in(0, in.ndim, "reduced axes"));
@@ -297,6 +308,11 @@ Instr read_instr(Reader& r, Program& p) {
     in.ind_min = r.next_in(-kReach, kReach, "indirect copy lowest row");
     in.ind_max = r.next_in(-kReach, kReach, "indirect copy highest row");
     check_indirect(r, p, in);
+  } else if (in.kind == Kind::kNonzero) {
+    constexpr int64_t kReach = int64_t{1} << 40;
+    in.nz_offset = r.next_in(-kReach, kReach, "nonzero index offset");
+    in.nz_pad = r.next_in(-kReach, kReach, "nonzero padding value");
+    check_nonzero(r, p, in);
   } else if (in.steps.empty() && in.src.size() != 1) {
     r.fail("elementwise instruction without a result");
   }
@@ -519,6 +535,9 @@ void run_one(const Program& p, const Instr& in, char* const* slots, bool paralle
       break;
     case Kind::kIndirect:
       run_indirect(in, slots, p, seed);
+      break;
+    case Kind::kNonzero:
+      run_nonzero(in, slots);
       break;
     default:
       run_elementwise(in, slots, parallel, seed);

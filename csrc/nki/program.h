@@ -78,7 +78,8 @@ enum class Kind : uint8_t {
   kScan = 2,
   kGather = 3,
   kDynamicCopy = 4,
-  kIndirect = 5
+  kIndirect = 5,
+  kNonzero = 6
 };
 
 // An operand: a strided view of a slot, a constant, or an iota (offset + sum stride*index, as a
@@ -137,6 +138,11 @@ struct Step {
 // line or, with ind_skip (NKI's oob_mode.skip), row p is left alone. Rows run in order on one
 // thread: a scatter's repeated index leaves the last such row's values (all of them added, in
 // row order, with `accumulate`). A row no lane of which is active does not read its index.
+// kNonzero (nisa.nonzero_with_count): extent = {P, T}; src = {data}. In each partition p that is
+// a multiple of 16 (a GpSimd core's first), the free positions f of the nonzero elements of
+// data[p, :] (a NaN is nonzero), in order, plus nz_offset, then nz_pad up to position T - 1,
+// then their count at position T: dst has T + 1 elements along its free axis (the parser checks
+// all of them). Other partitions of dst are left alone.
 struct Instr {
   Kind kind = Kind::kElementwise;
   int ndim = 0;
@@ -161,6 +167,8 @@ struct Instr {
   bool ind_skip = false;   // kIndirect only: out-of-range rows skipped, not an error
   int64_t ind_scale = 0;   // kIndirect only
   int64_t ind_min = 0, ind_max = 0;
+  int64_t nz_offset = 0;  // kNonzero only
+  int64_t nz_pad = 0;     // kNonzero only
   // Set by rewrite_instance. kMatmul: the instruction after it, an elementwise `acc += dst`
   // (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`), and its own
   // destination is not written when no instruction reads it before it is overwritten
@@ -264,5 +272,6 @@ void run_gather(const Instr& in, char* const* slots, const Program& p);
 void run_dynamic_copy(const Instr& in, char* const* slots, const Program& p, bool parallel,
                       uint64_t seed);
 void run_indirect(const Instr& in, char* const* slots, const Program& p, uint64_t seed);
+void run_nonzero(const Instr& in, char* const* slots);
 
 }  // namespace openneuron::nki

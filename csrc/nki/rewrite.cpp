@@ -70,9 +70,11 @@ bool plain_copy(const Instr& in) {
 }
 
 // NOTE: a gather reads, and a dynamic or indirect copy reads or writes, where run-time values
-// point: their operands' strides do not describe their accesses, so no rewrite looks past one.
+// point, and nonzero_with_count writes its count one past its box: their operands' strides do
+// not describe their accesses, so no rewrite looks past one.
 bool opaque_reads(const Instr& in) {
-  return in.kind == Kind::kGather || in.kind == Kind::kDynamicCopy || in.kind == Kind::kIndirect;
+  return in.kind == Kind::kGather || in.kind == Kind::kDynamicCopy || in.kind == Kind::kIndirect ||
+         in.kind == Kind::kNonzero;
 }
 
 bool empty_box(const Instr& in) {

@@ -1,7 +1,7 @@
 """nisa instructions that run along a partition's free axis or feed the Vector Engine's
 accumulators: tensor_scalar_cumulative (a running reduction, the executor's scan),
-sequence_bounds (segment starts by a forward scan, ends by one over reversed views) and
-exponential. Each is a few executor instructions when traced; no Python runs per element. The
+sequence_bounds (segment starts by a forward scan, ends by one over reversed views),
+nonzero_with_count (the executor's kNonzero) and exponential. Each is a few executor instructions when traced; no Python runs per element. The
 accumulator model (reduce_cmd) is _isa_vector.py's; isa.py re-exports these."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from openneuron.nki._isa_vector import (
     read_accumulators,
 )
 from openneuron.nki._tensor import IndexExpr, NkiTensor
-from openneuron.nki._trace import fail
+from openneuron.nki._trace import Instr, Operand, fail
 from openneuron.nki.isa import _flat, _is_operator, _op_name, _out, reduce_cmd
 
 # The accumulator a reset gives each reduction (NKI's pseudocode: subtract starts at 0 too).
@@ -187,6 +187,52 @@ def sequence_bounds(*args, **kwargs):
         e = Expr()
         padding = e.op("equal", e.src(seq), e.src(0.0))
         emit(res[:, k, :], (1, n), e, e.op("select", padding, e.src(pad), e.src(bound)))
+    return out if dst is None else None
+
+
+# --- nonzero_with_count ------------------------------------------------------------------------
+
+def nonzero_with_count(*args, **kwargs):
+    """GpSimd's nonzero search (NeuronCore-v3 and newer): in partitions 0, 16, ..., 112 of src
+    [P, T] (float32 or int32), the positions of the nonzero elements (a NaN is nonzero) plus
+    index_offset, in order, then padding_val up to T elements, then their count: dst [P, T + 1]
+    int32. The other partitions of dst are left as they were (each GpSimd core reads and writes
+    its first partition only). 0.x: nonzero_with_count(dst, src, index_offset=0,
+    padding_val=-1); without dst, a new [P, T + 1] int32 tile is returned."""
+    name = "nonzero_with_count"
+    dst, v = parse_call(name, args, kwargs, ("src", "index_offset", "padding_val"),
+                        {"index_offset": 0, "padding_val": -1})
+    src = _tile(name, "src", v["src"])
+    if src._buf.dtype not in ("float32", "int32"):
+        fail(f"nisa.{name}: src dtype {src._buf.dtype}; it must be float32 or int32")
+    x = _flat(src, name, "src")
+    p, n = x.shape
+    for what in ("index_offset", "padding_val"):
+        if not isinstance(v[what], (int, np.integer)) or isinstance(v[what], bool):
+            fail(f"nisa.{name}: {what} must be an integer, got {v[what]!r}")
+    offset, pad = int(v["index_offset"]), int(v["padding_val"])
+    for what, val in (("index_offset", offset + max(n - 1, 0)), ("index_offset", offset),
+                      ("padding_val", pad)):
+        if not -(1 << 31) <= val < (1 << 31):
+            fail(f"nisa.{name}: {what} {val} does not fit the int32 result")
+    out = _tile(name, "dst", _out(dst, (p, n + 1), "int32"))
+    if out._buf.dtype != "int32":
+        fail(f"nisa.{name}: dst dtype {out._buf.dtype}; it must be int32")
+    res = _flat(out, name, "dst")
+    if res.shape != (p, n + 1):
+        fail(f"nisa.{name}: dst {list(out.shape)} must be [{p}, {n + 1}] for src "
+             f"{list(src.shape)}: the positions of the nonzero elements, then their count")
+    if any(t.dyn is not None for t in (x, res)):
+        fail(f"nisa.{name}: an operand is indexed by a run-time value; only "
+             f"nisa.tensor_copy_dynamic_src / _dst take such a view")
+    t = _trace.current()
+    _emit._touch_read(x._buf)
+    _emit._touch_write(res._buf, False)  # partitions that are not a core's first stay
+    dop = Operand(0, res._buf.dtype, res._buf.id, res.offset, res.strides)
+    sop = Operand(0, x._buf.dtype, x._buf.id, x.offset, x.strides)
+    instr = Instr(6, [p, n], dop, [sop], line=t.line())
+    instr.extra = (offset, pad)
+    t.add(instr)
     return out if dst is None else None
 
 

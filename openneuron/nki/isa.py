@@ -1002,6 +1002,7 @@ from openneuron.nki._isa_dynamic import (  # noqa: F401
 from openneuron.nki._isa_move import dma_transpose, nc_stream_shuffle  # noqa: F401
 from openneuron.nki._isa_scan import (  # noqa: F401
     exponential,
+    nonzero_with_count,
     sequence_bounds,
     tensor_scalar_cumulative,
 )

@@ -637,5 +637,40 @@ TEST(NkiIsa, RandomDrawsFromTheRunSeedOrTheKernelsKey) {
   EXPECT_NE(k, a);
 }
 
+// nonzero_with_count: in partitions 0 and 16 of a [20, 6] source, the positions of the nonzero
+// elements (NaN among them; -0 is zero) plus the offset, padding, then the count; the other
+// rows of the destination stay. A destination without room for the count is refused.
+std::unique_ptr<Program> nonzero_program(int64_t dst_bytes) {
+  constexpr int64_t P = 20, T = 6;
+  Encoder e({P * T * 4, dst_bytes, 64});  // src (float32), dst (int32), arena
+  e.w.insert(e.w.end(), {1, 1});
+  e.header(6, {P, T});
+  e.operand(0, 1, 0, {T + 1, 1}, 0, DType::k_int32);
+  e.w.push_back(1);
+  e.operand(0, 0, 0, {T, 1});
+  e.w.insert(e.w.end(), {0, 0, 100, -7});  // no steps, no predicates; offset 100, padding -7
+  return e.parse();
+}
+
+TEST(NkiIsa, NonzeroWithCountInEachGpSimdCoresFirstPartition) {
+  constexpr int64_t P = 20, T = 6;
+  auto p = nonzero_program(P * (T + 1) * 4);
+  std::vector<float> src(P * T, 0.0f);
+  src[0 * T + 1] = 2.0f, src[0 * T + 4] = NAN, src[0 * T + 5] = -0.0f;
+  src[1 * T + 0] = 1.0f;                                                   // partition 1: not read
+  for (int64_t f = 0; f < T; ++f) src[16 * T + f] = f % 2 ? 0.0f : -1.5f;  // 0, 2, 4
+  std::vector<int32_t> dst(P * (T + 1), 55);
+  void* slots[] = {src.data(), dst.data(), nullptr};
+  program_run(*p, slots);
+  const std::vector<int32_t> row0 = {101, 104, -7, -7, -7, -7, 2};
+  const std::vector<int32_t> row16 = {100, 102, 104, -7, -7, -7, 3};
+  for (int64_t q = 0; q < P; ++q)
+    for (int64_t f = 0; f <= T; ++f) {
+      const int32_t want = q == 0 ? row0[f] : q == 16 ? row16[f] : 55;
+      EXPECT_EQ(dst[q * (T + 1) + f], want) << q << "," << f;
+    }
+  EXPECT_THROW(nonzero_program(P * (T + 1) * 4 - 4), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace openneuron::nki

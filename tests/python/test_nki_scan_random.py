@@ -1,7 +1,7 @@
 # openneuron.nki's running reductions and random numbers against numpy references written from
 # NKI's documentation: nisa.tensor_scalar_cumulative (reduce_cmd on the Vector Engine's shared
-# accumulators), nisa.sequence_bounds, nisa.exponential; on numpy arrays and neuron tensors, in
-# the generations each exists in.
+# accumulators), nisa.sequence_bounds, nisa.nonzero_with_count, nisa.exponential; on numpy
+# arrays and neuron tensors, in the generations each exists in.
 import numpy as np
 import pytest
 import torch
@@ -180,6 +180,97 @@ def test_sequence_bounds_errors():
     assert "test_nki_scan_random.py:" in str(e.value)
     with pytest.raises(nki.NkiError, match="must be float32 or int32"):
         k(np.ones((1, 8), np.int16))
+
+
+# --- nonzero_with_count --------------------------------------------------------------------------
+
+def nonzero_ref(x, old, offset, pad):
+    """The documentation's reference: in partitions 0, 16, ..., the nonzero positions (+ offset),
+    padding, then the count; the other partitions keep `old`."""
+    out = old.copy()
+    for p in range(0, x.shape[0], 16):
+        nz = np.nonzero(x[p])[0]
+        out[p, :] = pad
+        out[p, :len(nz)] = nz + offset
+        out[p, -1] = len(nz)
+    return out
+
+
+@nki.jit
+def _nonzero(x, offset=0, pad=-1, fill=9):
+    P, T = x.shape
+    d = nl.ndarray((P, T + 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(d, value=fill)
+    nisa.nonzero_with_count(dst=d, src=nl.load(x), index_offset=offset, padding_val=pad)
+    out = nl.ndarray(d.shape, dtype=nl.int32, buffer=nl.shared_hbm)
+    nl.store(out, d)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 300), (16, 5), (128, 64), (40, 33)])
+def test_nonzero_with_count(dtype, shape):
+    x = RNG.integers(-2, 3, shape).astype(dtype) * (RNG.random(shape) < 0.4)
+    if dtype == np.float32:
+        x.flat[::7] = np.nan  # nonzero
+        x.flat[1::11] = -0.0  # zero
+    old = np.full((shape[0], shape[1] + 1), 9, np.int32)
+    for offset, pad in ((0, -1), (1000, 0), (-3, 123456)):
+        got = _nonzero(x, offset, pad)
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, nonzero_ref(x, old, offset, pad))
+    got = _nonzero(torch.from_numpy(x).to("neuron"), 5, -2)
+    np.testing.assert_array_equal(got.cpu().numpy(), nonzero_ref(x, old, 5, -2))
+
+
+def test_nonzero_with_count_positional_and_returned():
+    x = (RNG.random((32, 10)) < 0.5).astype(np.float32)
+
+    @nki.jit
+    def k(a):
+        t = nl.load(a)
+        d = nl.ndarray((32, 11), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.memset(d, value=0)
+        nisa.nonzero_with_count(d, t, 2, -5)  # 0.x: dst, src, index_offset, padding_val
+        r = nisa.nonzero_with_count(src=t)  # a new [32, 11] int32 tile
+        out = nl.ndarray((2, 32, 11), dtype=nl.int32, buffer=nl.shared_hbm)
+        nl.store(out[0], d)
+        nl.store(out[1, 0:1, :], r[0:1, :])
+        nl.store(out[1, 1:32, :], d[1:32, :])
+        return out
+
+    got = k(x)
+    zeros = np.zeros((32, 11), np.int32)
+    np.testing.assert_array_equal(got[0], nonzero_ref(x, zeros, 2, -5))
+    np.testing.assert_array_equal(got[1, 0], nonzero_ref(x, zeros, 0, -1)[0])
+
+
+def test_nonzero_with_count_errors():
+    def kernel(src_dtype=nl.float32, dst_dtype=nl.int32, dst_cols=9, **kw):
+        @nki.jit
+        def k(a):
+            t = nl.ndarray((16, 8), dtype=src_dtype, buffer=nl.sbuf)
+            nisa.memset(t, value=1)
+            d = nl.ndarray((16, dst_cols), dtype=dst_dtype, buffer=nl.sbuf)
+            nisa.nonzero_with_count(dst=d, src=t, **kw)
+            out = nl.ndarray((16, dst_cols), dtype=dst_dtype, buffer=nl.shared_hbm)
+            nl.store(out, d)
+            return out
+        return k
+
+    a = np.zeros((1, 1), np.float32)
+    with pytest.raises(nki.NkiError, match=r"src dtype bfloat16; it must be float32 or int32") \
+            as e:
+        kernel(src_dtype=nl.bfloat16)(a)
+    assert "test_nki_scan_random.py:" in str(e.value)
+    with pytest.raises(nki.NkiError, match="dst dtype float32; it must be int32"):
+        kernel(dst_dtype=nl.float32)(a)
+    with pytest.raises(nki.NkiError, match=r"dst \[16, 8\] must be \[16, 9\]"):
+        kernel(dst_cols=8)(a)
+    with pytest.raises(nki.NkiError, match="padding_val must be an integer"):
+        kernel(padding_val=0.5)(a)
+    with pytest.raises(nki.NkiError, match="index_offset .* does not fit the int32 result"):
+        kernel(index_offset=2**31 - 4)(a)
 
 
 # --- exponential ---------------------------------------------------------------------------------
