@@ -42,6 +42,7 @@ def _placeholder_fill(t, buf: Buffer):
     dst = Operand(0, buf.dtype, buf.id, 0, (f, 1))
     instr = Instr(0, [p, f], dst, [Operand(1, "float32", value=float("nan"))], line=-1)
     instr.enabled = False
+    t.fills.add(len(t.instrs))
     t.add(instr)
     buf.state = "uninit"
     buf.fill = instr

@@ -260,6 +260,7 @@ class Trace:
         self.program_ids = program_ids
         self.grid = grid
         self.instrs: list[Instr] = []
+        self.fills = set()  # positions in instrs of the tiles' NaN fills (_emit)
         self.lines = lines  # shared by the instances of one program
         self.line_index = line_index
         # id -> [kind, dtype, nbytes, role, offset (in a partition for tiles), shape]
@@ -353,12 +354,14 @@ class Trace:
             self.block_counts[buf.id] = buf.blocks
 
     def check_capacity(self):
-        """SBUF / PSUM capacity with the compiler's liveness: a tile is in use from its
-        allocation to the last instruction that reads or writes it. Sets the peaks; over
-        capacity is an error naming where the tile that goes over was allocated."""
+        """SBUF / PSUM capacity with the compiler's liveness: a tile is in use from the first
+        instruction that reads or writes it (its allocation, when none does) to the last. Sets
+        the peaks; over capacity is an error naming where the tile that goes over was
+        allocated."""
         uses = {}
         for i, ins in enumerate(self.instrs):
-            if ins.enabled:
+            # a NaN fill (_emit._placeholder_fill) models uninitialized memory: no use
+            if ins.enabled and i not in self.fills:
                 for o in (ins.dst, *ins.src):
                     if o is not None and o.type == 0 and o.buf is not None:
                         uses.setdefault(o.buf, []).append(i)
@@ -379,7 +382,11 @@ class Trace:
             events = []
             for bid, k, size, shape, dtype, start, where in self.tile_allocs:
                 if k == kind and size and not forwarded(bid):
+                    # NOTE: from the first use, not the nl.ndarray call: nki-library's
+                    # find_nonzero_indices allocates a chunk's four tiles at once and uses
+                    # them one after another (196 KiB at once, 129 KiB live)
                     end = max(start, last.get(bid, start))
+                    start = uses[bid][0] if bid in uses else start
                     events.append((start, 1, size, shape, dtype, where))
                     events.append((end + 1, 0, -size, shape, dtype, where))
             used = peak = 0
@@ -393,8 +400,8 @@ class Trace:
                     raise NkiError(f"{where}: in kernel '{self.kernel_name}': "
                                    f"{kind.upper()} is full: this tile {shape} {dtype} takes "
                                    f"{delta} bytes per partition and brings the tiles in use to "
-                                   f"{used} of {cap} {what} (a tile is in use from its "
-                                   f"allocation to the last instruction that reads or writes it)")
+                                   f"{used} of {cap} {what} (a tile is in use from the first "
+                                   f"instruction that reads or writes it to the last)")
                 peak = max(peak, used)
             setattr(self, f"{kind}_peak", peak)
 

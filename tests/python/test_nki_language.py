@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import openneuron.nki.isa as nisa
 import openneuron.nki.language as nl
 from openneuron import nki
 
@@ -544,7 +545,7 @@ def test_partition_dim_limit():
 
 
 def test_sbuf_capacity():
-    """Capacity counts tiles in use (allocation to last use, the compiler's liveness): seven
+    """Capacity counts tiles in use (first to last use, the compiler's liveness): seven
     32 KiB tiles all read at the end do not fit in 192 KiB; a tile Python still references but
     the kernel no longer uses takes no room."""
     @nki.jit
@@ -568,6 +569,21 @@ def test_sbuf_capacity():
 
     np.testing.assert_array_equal(done_with(rand(2, 2)), np.full((128, 8192), 6.0, np.float32))
     assert done_with.specialize(rand(2, 2)).sbuf_peak == 8192 * 4  # one tile at a time
+
+    @nki.jit
+    def allocated_first(a):
+        """Seven tiles allocated up front, then used one after another (nki-library's
+        find_nonzero_indices allocates a chunk's tiles so): in use from the first write."""
+        out = nl.ndarray((128, 8192), dtype=nl.float32, buffer=nl.shared_hbm)
+        tiles = [nl.ndarray((128, 8192), dtype=nl.float32, buffer=nl.sbuf) for _ in range(7)]
+        for i, t in enumerate(tiles):
+            nisa.memset(t, value=float(i))
+            nl.store(out, t)
+        return out
+
+    np.testing.assert_array_equal(allocated_first(rand(2, 2)),
+                                  np.full((128, 8192), 6.0, np.float32))
+    assert allocated_first.specialize(rand(2, 2)).sbuf_peak == 8192 * 4
 
 
 def test_psum_bank_and_capacity():
