@@ -263,14 +263,17 @@ void run_dynamic_copy(const Instr& in, char* const* slots, const Program& prog, 
   const Operand& value = in.src[1];
   const int64_t v = load_integer(value.dtype, slots[value.slot], value.offset);
   if (v < in.dyn_min || v > in.dyn_max) {
-    const char* name = in.dyn_target == 0 ? "tensor_copy_dynamic_src" : "tensor_copy_dynamic_dst";
-    throw std::runtime_error(where(in, prog) + ": in kernel '" + prog.name + "': nisa." + name +
-                             " offset " + std::to_string(v) + " (read from the " +
-                             dtype_name(value.dtype) +
-                             " offset tile when the kernel ran) puts the " +
-                             (in.dyn_target == 0 ? "source" : "destination") +
-                             " outside its tensor; offsets must be in [" +
-                             std::to_string(in.dyn_min) + ", " + std::to_string(in.dyn_max) + "]");
+    if (in.dyn_mode & kDynSkip) return;  // oob_mode.skip: nothing copied
+    const char* name = in.dyn_mode & kDynScalarOffset ? "dma_copy access pattern's scalar_offset"
+                       : in.dyn_target == 0           ? "tensor_copy_dynamic_src offset"
+                                                      : "tensor_copy_dynamic_dst offset";
+    throw std::runtime_error(
+        where(in, prog) + ": in kernel '" + prog.name + "': nisa." + name + " " +
+        std::to_string(v) + " (read from the " + dtype_name(value.dtype) + " offset " +
+        (in.dyn_mode & kDynScalarOffset ? "register" : "tile") + " when the kernel ran) puts the " +
+        (in.dyn_target == 0 ? "source" : "destination") +
+        " outside its tensor; offsets must be in [" + std::to_string(in.dyn_min) + ", " +
+        std::to_string(in.dyn_max) + "]");
   }
   // NOTE: a copy per run (a few vectors): the instruction costs ~600 engine cycles on the
   // hardware too, and the program stays immutable, so concurrent runs need no locking.

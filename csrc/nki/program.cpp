@@ -299,6 +299,8 @@ Instr read_instr(Reader& r, Program& p) {
     in.dyn_scale = r.next_in(-kReach, kReach, "dynamic copy scale");
     in.dyn_min = r.next_in(-kReach, kReach, "dynamic copy lowest offset");
     in.dyn_max = r.next_in(-kReach, kReach, "dynamic copy highest offset");
+    in.dyn_mode = static_cast<int32_t>(
+        r.next_in(0, kDynSkip | kDynScalarOffset, "dynamic copy out-of-range mode"));
     check_dynamic_copy(r, p, in);
   } else if (in.kind == Kind::kIndirect) {
     constexpr int64_t kReach = int64_t{1} << 40;

@@ -127,7 +127,9 @@ struct Step {
 // strides 0). The operand as encoded is its position at v = dyn_min; it moves dyn_scale
 // elements per unit of v - dyn_min. v outside [dyn_min, dyn_max] (the values that keep every
 // access inside the tensor, worked out by the tracer) is an error naming the kernel line; the
-// parser checks the operand at both ends, so no value in the range leaves its slot.
+// parser checks the operand at both ends, so no value in the range leaves its slot. dyn_mode:
+// bit 0, a value out of range copies nothing instead (a DMA's oob_mode.skip); bit 1, the
+// offset is an access pattern's scalar_offset (nisa.dma_copy), for the error's words.
 // kIndirect (the DMA's indirect gather / scatter: nl.load / nl.store / nisa.dma_copy /
 // nl.atomic_rmw / nisa.dma_transpose with a tile of row indices): an elementwise copy (no steps;
 // with `accumulate`, dst = dst + src) whose source (ind_target 0, a gather) or destination
@@ -143,6 +145,9 @@ struct Step {
 // data[p, :] (a NaN is nonzero), in order, plus nz_offset, then nz_pad up to position T - 1,
 // then their count at position T: dst has T + 1 elements along its free axis (the parser checks
 // all of them). Other partitions of dst are left alone.
+constexpr int32_t kDynSkip = 1;          // Instr::dyn_mode
+constexpr int32_t kDynScalarOffset = 2;  // Instr::dyn_mode
+
 struct Instr {
   Kind kind = Kind::kElementwise;
   int ndim = 0;
@@ -163,6 +168,7 @@ struct Instr {
   int32_t dyn_target = 0;         // kDynamicCopy only: 0 src[0] moves, 1 dst moves
   int64_t dyn_scale = 0;          // kDynamicCopy only
   int64_t dyn_min = 0, dyn_max = 0;
+  int32_t dyn_mode = 0;    // kDynamicCopy only: kDynSkip | kDynScalarOffset
   int32_t ind_target = 0;  // kIndirect only: 0 src[0] moves (gather), 1 dst moves (scatter)
   bool ind_skip = false;   // kIndirect only: out-of-range rows skipped, not an error
   int64_t ind_scale = 0;   // kIndirect only

@@ -272,7 +272,8 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
         op.offset += x.ind[1] * x.ind[2]  # encoded at the lowest admissible row
     if moving and dynamic is None:
         fail(f"{moving[0][1]!r} is indexed by a run-time value: only nisa.tensor_copy_dynamic_src"
-             f" / tensor_copy_dynamic_dst take such a view")
+             f" / tensor_copy_dynamic_dst (and nisa.dma_copy, for an access pattern's "
+             f"scalar_offset) take such a view")
     for const, coefs, size, axis in [(c[0], c[1], c[2], c[3]) for c in dst.checks]:
         k = [coefs[m] if m is not None else 0 for m in dst_map]
         checks.append([const, k, size, axis, dst._buf.shape])
@@ -334,7 +335,8 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
         _, x, op = moving[0]
         scale = x.dyn[2]
         op.offset += scale * offsets[0]
-        _check_partitions(dynamic, x, op, extent, scale, *offsets)
+        if x._buf.kind != "hbm":
+            _check_partitions(dynamic, x, op, extent, scale, *offsets)
     ends = [(x, op.offset, op.strides) for x, op in views + [(dst, dop)]]
     if indirect:  # the moving side at the last row too (an `ap` pattern has no per-axis checks)
         _, x, op = indirect[0]
@@ -370,11 +372,14 @@ def emit(dst: NkiTensor, S, expr: Expr, result, *, space_dims=None, dst_map=None
     if moving:  # the run-time value: one element, read whole (strides 0)
         if steps or nreduce or accumulate is not None:
             fail(f"internal: {dynamic} is a plain copy")
-        value = moving[0][1].dyn[0]
+        target, x, _ = moving[0]
+        value = x.dyn[0]
         srcs.append(Operand(0, value._buf.dtype, value._buf.id, value.offset, [0] * nd))
         _touch_read(value._buf)
-        kind, full = 4, full and moving[0][0] == 0
-        extra = (moving[0][0], moving[0][1].dyn[2], *offsets)
+        kind, full = 4, full and target == 0 and not oob_skip
+        # csrc/nki program.h, Instr::dyn_mode: oob_mode.skip; an access pattern's scalar_offset
+        mode = int(bool(oob_skip)) | (2 if len(x.dyn) > 3 and x.dyn[3] else 0)
+        extra = (target, x.dyn[2], *offsets, mode)
     if indirect:  # csrc/nki program.h, kIndirect: rows ind[2] .. ind[3] admitted
         target, x, _ = indirect[0]
         srcs.append(iop)
@@ -479,10 +484,10 @@ def broadcast_shape(*xs):
 
 
 def copy_into(dst: NkiTensor, value, mask=None, allow_hbm=False, oob_skip=False,
-              accumulate=None):
+              accumulate=None, dynamic=None):
     e = Expr()
     emit(dst, dst.shape, e, e.src(value), mask=mask, allow_hbm=allow_hbm, oob_skip=oob_skip,
-         accumulate=accumulate)
+         accumulate=accumulate, dynamic=dynamic)
 
 
 def accumulate_into(dst: NkiTensor, value, op: str, mask=None):

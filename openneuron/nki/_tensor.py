@@ -525,12 +525,17 @@ class NkiTensor:
         pair is the partition axis of a tile), from `offset` elements past this view's start.
         vector_offset (0.x indirect DMA, HBM only): an SBUF tile of row indices, one per
         partition of the pattern: partition p reads row vector_offset[p] of axis indirect_dim
-        (0) instead of stepping by the first pair's step."""
+        (0) instead of stepping by the first pair's step. scalar_offset (0.x): a register or a
+        one-element integer SBUF tile, v, read when the kernel runs: the pattern starts v steps
+        of axis indirect_dim further (nisa.dma_copy; out of range fails, or with
+        oob_mode=skip copies nothing); an integer is added as it is."""
         strides = [int(p[0]) for p in pattern]
         shape = [int(p[1]) for p in pattern]
         if scalar_offset is not None:
-            fail("ap(scalar_offset=...) is not supported on the neuron NKI executor; use "
-                 "nisa.tensor_copy_dynamic_src / _dst for a run-time offset within a tile")
+            if vector_offset is not None:
+                fail("ap(): scalar_offset and vector_offset together are not supported")
+            return _ap_scalar_offset(self, strides, shape, int(offset), scalar_offset,
+                                     int(indirect_dim))
         if vector_offset is not None:
             return _ap_indirect(self, strides, shape, int(offset), vector_offset,
                                 int(indirect_dim))
@@ -856,6 +861,32 @@ def _index_indirect(t: NkiTensor, key, ind_axes) -> NkiTensor:
     strides = (view.strides[0] - t.strides[d],) + tuple(view.strides[1:])
     return NkiTensor(t._buf, view.offset, view.shape, strides, checks,
                      ind=(idx, t.strides[d], 0, t.shape[d] - 1))
+
+
+def _ap_scalar_offset(t: NkiTensor, strides, shape, offset, value, indirect_dim) -> NkiTensor:
+    """t.ap(pattern, offset, scalar_offset=value, indirect_dim=d): the pattern moved value
+    steps of t's axis d. A run-time value makes the view's `dyn` (csrc/nki program.h,
+    kDynamicCopy, scalar-offset mode) with a bound check over the tensor's elements, from which
+    _emit works out the values that keep the pattern inside the tensor."""
+    if not 0 <= indirect_dim < max(t.ndim, 1):
+        fail(f"ap(scalar_offset=..., indirect_dim={indirect_dim}): the tensor {list(t.shape)} has "
+             f"{t.ndim} axes")
+    scale = t.strides[indirect_dim] if t.ndim else 1
+    start = t.offset + offset
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return NkiTensor(t._buf, start + scale * int(value), shape, strides)
+    dyn = dynamic_index(value)
+    if dyn is None:
+        fail(f"ap(scalar_offset=...) takes a register, a one-element integer SBUF tile or an "
+             f"integer, got {type(value).__name__}")
+    if isinstance(dyn.static, IndexExpr):
+        fail("ap(scalar_offset=...): a run-time value plus or minus integers only")
+    start += scale * int(dyn.static)
+    scale *= dyn.coef
+    if scale == 0:  # the axis does not move: the value changes nothing
+        return NkiTensor(t._buf, start, shape, strides)
+    check = (start, tuple(strides), t._buf.numel, ("dyn", indirect_dim, scale))
+    return NkiTensor(t._buf, start, shape, strides, (check,), (dyn.value, 1, scale, True))
 
 
 def _ap_indirect(t: NkiTensor, strides, shape, offset, idx, indirect_dim) -> NkiTensor:

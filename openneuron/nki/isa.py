@@ -601,7 +601,9 @@ def dma_copy(*args, dst=None, src=None, mask=None, dge_mode=None, oob_mode=None,
     indices (Beta 1 in_tensor[idx_tile, iy], 0.x tensor.ap(..., vector_offset=idx)) gathers or
     scatters rows: each index is checked when the kernel runs; oob_mode=skip leaves a row whose
     index is out of range alone instead of failing. Scatter indices that repeat: the last row
-    wins (with dst_rmw_op, every row is added, in order)."""
+    wins (with dst_rmw_op, every row is added, in order). A side at a run-time offset (0.x
+    tensor.ap(..., scalar_offset=register or [1, 1] integer tile)) is checked when the kernel
+    runs (oob_mode=skip: nothing copied when out of range)."""
     args = list(args)
     if dst is None and args:
         dst = args.pop(0)
@@ -615,6 +617,11 @@ def dma_copy(*args, dst=None, src=None, mask=None, dge_mode=None, oob_mode=None,
     acc = _rmw_op(dst_rmw_op)
     skip = oob_mode is not None and _OobMode(int(oob_mode)) == _OobMode.skip
     indirect = src.ind is not None or dst.ind is not None
+    dynamic = src.dyn is not None or dst.dyn is not None  # an `ap(scalar_offset=)` side
+    if dynamic and (acc is not None or tuple(dst.shape) != tuple(src.shape)):
+        fail(f"nisa.dma_copy with an access pattern's scalar_offset: a plain copy between "
+             f"views of the same shape (dst {list(dst.shape)}, src {list(src.shape)}"
+             f"{', dst_rmw_op' if acc is not None else ''})")
     if acc is not None and skip:
         fail("nisa.dma_copy: with dst_rmw_op only oob_mode=nisa.oob_mode.error is allowed")
     if indirect and dge_mode is not None and _DgeModeEnum(int(dge_mode)) == _DgeModeEnum.hwdge:
@@ -639,7 +646,8 @@ def dma_copy(*args, dst=None, src=None, mask=None, dge_mode=None, oob_mode=None,
             dst = dst.reshape(src.shape)
         else:
             fail(f"dma_copy shapes differ: dst {list(dst.shape)}, src {list(src.shape)}")
-    _emit.copy_into(dst, src, mask=mask, allow_hbm=True, oob_skip=skip, accumulate=acc)
+    _emit.copy_into(dst, src, mask=mask, allow_hbm=True, oob_skip=skip, accumulate=acc,
+                    dynamic="nisa.dma_copy" if dynamic else None)
 
 
 def nc_n_gather(dst=None, data=None, indices=None, **_):

@@ -304,9 +304,10 @@ TEST(NkiIsa, GatherIndexTilePastItsSlotIsRejected) {
 
 // A [P, n] float32 copy between slot 0 ([P, S] source, or [P, n] when the destination moves)
 // and slot 2 (the other), at an offset read from element `at` of slot 1 (dtype vt): target 0
-// moves the source, 1 the destination, over offsets [lo, hi]; `preds`: c, coef0, coef1 each.
+// moves the source, 1 the destination, over offsets [lo, hi]; `preds`: c, coef0, coef1 each;
+// `mode`: Instr::dyn_mode.
 Encoder dynamic_encoder(int target, int64_t P, int64_t S, int64_t n, int64_t lo, int64_t hi,
-                        DType vt, int64_t at, std::vector<int64_t> preds = {}) {
+                        DType vt, int64_t at, std::vector<int64_t> preds = {}, int mode = 0) {
   Encoder e({P * (target == 0 ? S : n) * 4, 8, P * (target == 0 ? n : S) * 4, 64});
   e.w.insert(e.w.end(), {1, 1});
   e.header(4, {P, n}, 0, kAdd, false, 0);
@@ -317,7 +318,7 @@ Encoder dynamic_encoder(int target, int64_t P, int64_t S, int64_t n, int64_t lo,
   e.w.push_back(0);  // no steps
   e.w.push_back(static_cast<int64_t>(preds.size() / 3));
   e.w.insert(e.w.end(), preds.begin(), preds.end());
-  e.w.insert(e.w.end(), {target, 1, lo, hi});
+  e.w.insert(e.w.end(), {target, 1, lo, hi, mode});
   return e;
 }
 
@@ -370,6 +371,30 @@ TEST(NkiIsa, DynamicDestinationOffsetUnderAMask) {
   expect_offset_error(*p, slots, "tensor_copy_dynamic_dst offset 1");
   offset[5] = 255;
   expect_offset_error(*p, slots, "destination outside its tensor");
+}
+
+// An access pattern's scalar_offset (nisa.dma_copy): out of range, an error naming it, or with
+// oob_mode.skip nothing copied.
+TEST(NkiIsa, ScalarOffsetOutOfRangeFailsOrCopiesNothing) {
+  const int64_t P = 2, S = 8, n = 4;
+  for (int mode : {kDynScalarOffset, kDynScalarOffset | kDynSkip}) {
+    auto p =
+        dynamic_encoder(0, P, S, n, 0, S - n, DType::k_int32, 0, {}, mode).parse({"kernel.py:3"});
+    std::vector<float> src(P * S), out(P * n, -1.0f);
+    for (int i = 0; i < P * S; ++i) src[i] = static_cast<float>(i);
+    int32_t offset[2] = {2, 0};
+    void* slots[] = {src.data(), offset, out.data(), nullptr};
+    program_run(*p, slots);
+    EXPECT_EQ(out[n], src[S + 2]);
+    offset[0] = 5;
+    std::fill(out.begin(), out.end(), -1.0f);
+    if (mode & kDynSkip) {
+      program_run(*p, slots);
+      EXPECT_EQ(out, std::vector<float>(P * n, -1.0f));
+    } else {
+      expect_offset_error(*p, slots, "dma_copy access pattern's scalar_offset 5");
+    }
+  }
 }
 
 TEST(NkiIsa, DynamicCopyConcurrentRunsOfOneProgram) {

@@ -4,6 +4,7 @@
 # reshaped view, matmul accumulation per PSUM location, core_barrier on one NeuronCore.
 import numpy as np
 import pytest
+import torch
 
 import openneuron.nki.isa as nisa
 import openneuron.nki.language as nl
@@ -494,3 +495,69 @@ def test_nc_n_gather():
     np.testing.assert_array_equal(k(data, idx), np.take_along_axis(data.reshape(8, 30), idx, 1))
     with pytest.raises(nki.NkiError, match="must be uint32"):
         k(data, idx.astype(np.int32))
+
+
+def test_access_pattern_at_a_run_time_scalar_offset():
+    """tensor.ap(pattern, offset, scalar_offset=v, indirect_dim=d) in nisa.dma_copy: the pattern
+    v steps of axis d further, v read when the kernel runs from a register or a [1, 1] integer
+    tile (MoE's expert weights, attention's KV blocks, find_nonzero_indices' write position),
+    on either side; an integer is added as it is."""
+    @nki.jit
+    def k(x, idx):
+        _, S, D = x.shape
+        i = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=i, src=idx)
+        r = nisa.register_alloc(1)
+        rows = nl.ndarray((4, D), dtype=x.dtype, buffer=nl.sbuf)  # x[i, 1:5, :]
+        nisa.dma_copy(dst=rows, src=x.ap(pattern=[[D, 4], [1, D]], offset=D, scalar_offset=i))
+        cols = nl.ndarray((S, 2), dtype=x.dtype, buffer=nl.sbuf)  # x[1, :, r:r + 2]
+        nisa.dma_copy(dst=cols, src=x[1].ap(pattern=[[D, S], [1, 2]], scalar_offset=r,
+                                            indirect_dim=1))
+        out = nl.ndarray((3, S, D), dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out[0, 0:4, :], src=rows)
+        nisa.dma_copy(dst=out[1, :, 0:2], src=cols)
+        flat = out.reshape((3 * S * D,))
+        # out[2] flattened, elements i .. i + 7 = rows[0] (a write at a run-time position, as
+        # find_nonzero_indices stores: steps of a 1-D tensor's axis are elements); then a
+        # static scalar_offset
+        nisa.dma_copy(dst=flat.ap(pattern=[[3, 1], [1, D]], offset=2 * S * D, scalar_offset=i,
+                                  indirect_dim=0), src=rows[0:1, :])
+        nisa.dma_copy(dst=out[2, 4:5, :], src=x.ap(pattern=[[D, 1], [1, D]], scalar_offset=2))
+        return out
+
+    x = RNG.standard_normal((4, 6, 8)).astype(np.float32)
+    for v in range(4):
+        got = k(x, np.array([[v]], np.int32))
+        np.testing.assert_array_equal(got[0, 0:4], x[v, 1:5])
+        np.testing.assert_array_equal(got[1, :, 0:2], x[1, :, 1:3])
+        np.testing.assert_array_equal(got[2].reshape(-1)[v:v + 8], x[v, 1])
+        np.testing.assert_array_equal(got[2, 4], x[2, 0])  # 2 steps of axis 0
+    got = k(torch.from_numpy(x).to("neuron"), torch.tensor([[3]], dtype=torch.int32,
+                                                           device="neuron"))
+    np.testing.assert_array_equal(got[0, 0:4].cpu().numpy(), x[3, 1:5])
+
+
+def test_scalar_offset_out_of_range_fails_or_is_skipped():
+    @nki.jit
+    def k(x, idx, skip=False):
+        i = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=i, src=idx)
+        t = nl.ndarray((2, 8), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.memset(t, value=-1.0)
+        nisa.dma_copy(dst=t, src=x.ap(pattern=[[8, 2], [1, 8]], scalar_offset=i),  # OFFSET
+                      oob_mode=nisa.oob_mode.skip if skip else nisa.oob_mode.error)
+        out = nl.ndarray((2, 8), dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    x = rand(5, 8)
+    np.testing.assert_array_equal(k(x, np.array([[3]], np.int32)), x[3:5])
+    with pytest.raises(RuntimeError, match=r"scalar_offset 4 .* offsets must be in \[0, 3\]") as e:
+        k(x, np.array([[4]], np.int32))
+    assert "test_nki_library.py:" in str(e.value)
+    np.testing.assert_array_equal(k(x, np.array([[4]], np.int32), skip=True),
+                                  np.full((2, 8), -1.0, np.float32))
+    np.testing.assert_array_equal(k(x, np.array([[-1]], np.int32), skip=True),
+                                  np.full((2, 8), -1.0, np.float32))
+    with pytest.raises(nki.NkiError, match=r"scalar_offset=...\) takes a register"):
+        nki.jit(lambda a: nisa.dma_copy(dst=a, src=a.ap([[1, 1]], scalar_offset=1.5)))(x)
