@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "nki/convert.h"
 #include "runtime/parallel.h"
 
 namespace openneuron::nki {
@@ -244,7 +245,7 @@ void check_nonzero(const Reader& r, const Program& p, const Instr& in) {
 Instr read_instr(Reader& r, Program& p) {
   Instr in;
   const int n_slots = static_cast<int>(p.slot_bytes.size());
-  in.kind = static_cast<Kind>(r.next_in(0, 6, "instruction kind"));
+  in.kind = static_cast<Kind>(r.next_in(0, 7, "instruction kind"));
   in.ndim = static_cast<int>(r.next_in(1, kMaxDims, "rank"));
   for (int d = 0; d < in.ndim; ++d) in.extent[d] = r.next_in(0, int64_t{1} << 40, "extent");
   in.nreduce = static_cast<int>(r.next_in(0, in.ndim, "reduced axes"));
@@ -310,6 +311,14 @@ Instr read_instr(Reader& r, Program& p) {
     in.ind_min = r.next_in(-kReach, kReach, "indirect copy lowest row");
     in.ind_max = r.next_in(-kReach, kReach, "indirect copy highest row");
     check_indirect(r, p, in);
+  } else if (in.kind == Kind::kSync) {
+    in.sync_send = static_cast<int32_t>(r.next_in(-1, int64_t{1} << 20, "sendrecv peer"));
+    in.sync_recv = static_cast<int32_t>(r.next_in(-1, int64_t{1} << 20, "sendrecv peer"));
+    const bool barrier = in.sync_send < 0 && in.sync_recv < 0;
+    if (in.ndim != 2 || in.nreduce != 0 || in.accumulate || !in.steps.empty() ||
+        !in.preds.empty() || (in.sync_send < 0) != (in.sync_recv < 0) ||
+        in.src.size() != (barrier ? 0u : 1u) || (!barrier && in.src[0].type != Operand::kView))
+      r.fail("malformed core barrier / sendrecv");
   } else if (in.kind == Kind::kNonzero) {
     constexpr int64_t kReach = int64_t{1} << 40;
     in.nz_offset = r.next_in(-kReach, kReach, "nonzero index offset");
@@ -487,22 +496,32 @@ std::vector<Group> schedule(const std::vector<Instr>& instrs) {
 // page per row with 4 KiB pages; the arena asks for 2 MiB pages, where the kernel gives them.
 constexpr size_t kHugePage = size_t{2} << 20;
 
-char* thread_arena(int64_t bytes) {
-  struct Arena {
-    char* p = nullptr;
-    int64_t size = 0;
-    ~Arena() { std::free(p); }
-  };
-  thread_local Arena arena;
-  if (arena.size < bytes) {
-    std::free(arena.p);
-    const size_t rounded = (static_cast<size_t>(bytes) + kHugePage - 1) & ~(kHugePage - 1);
-    arena.p = static_cast<char*>(std::aligned_alloc(kHugePage, rounded));
-    if (arena.p == nullptr) throw std::bad_alloc();
-    madvise(arena.p, rounded, MADV_HUGEPAGE);  // a hint: without it, 4 KiB pages
-    arena.size = static_cast<int64_t>(rounded);
+struct Arena {
+  char* p = nullptr;
+  int64_t size = 0;
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  Arena(Arena&& o) noexcept : p(o.p), size(o.size) { o.p = nullptr; }
+  ~Arena() { std::free(p); }
+  char* get(int64_t bytes) {
+    if (size < bytes) {
+      std::free(p);
+      p = nullptr;
+      size = 0;
+      const size_t rounded = (static_cast<size_t>(bytes) + kHugePage - 1) & ~(kHugePage - 1);
+      p = static_cast<char*>(std::aligned_alloc(kHugePage, rounded));
+      if (p == nullptr) throw std::bad_alloc();
+      madvise(p, rounded, MADV_HUGEPAGE);  // a hint: without it, 4 KiB pages
+      size = static_cast<int64_t>(rounded);
+    }
+    return p;
   }
-  return arena.p;
+};
+
+char* thread_arena(int64_t bytes) {
+  thread_local Arena arena;
+  return arena.get(bytes);
 }
 
 // The schedule assumes distinct slots are distinct memory; a caller may pass one tensor as two
@@ -541,6 +560,8 @@ void run_one(const Program& p, const Instr& in, char* const* slots, bool paralle
     case Kind::kNonzero:
       run_nonzero(in, slots);
       break;
+    case Kind::kSync:  // a phase boundary: run_phased moves its data
+      break;
     default:
       run_elementwise(in, slots, parallel, seed);
   }
@@ -570,6 +591,102 @@ void run_group(const Program& p, const std::vector<Instr>& instrs, const Group& 
     rows(0, g.rows);
 }
 
+// Instance g's phase k: what it runs between its sync points k - 1 and k (as written with
+// in_order, else its schedule's groups).
+void run_phase(const Program& p, size_t g, size_t k, char* const* slots, bool parallel,
+               bool in_order, uint64_t seed) {
+  const std::vector<int32_t>& at = in_order ? p.sync_instrs[g] : p.sync_groups[g];
+  const size_t total = in_order ? p.instances[g].size() : p.schedules[g].size();
+  const size_t lo = k == 0 ? 0 : static_cast<size_t>(at[k - 1]) + 1;
+  const size_t hi = k < at.size() ? static_cast<size_t>(at[k]) : total;
+  for (size_t i = lo; i < hi; ++i) {
+    if (in_order)
+      run_one(p, p.instances[g][i], slots, parallel, seed);
+    else
+      run_group(p, p.rewritten[g], p.schedules[g][i], slots, parallel, seed);
+  }
+}
+
+// The data of every instance's k-th sync point once all reached it: each sendrecv's source
+// read first (into a staging copy, in its dtype), then written into its receiver's dst
+// (converted when the dtypes differ), so an exchange through shared HBM reads the old values.
+void run_sync(const Program& p, size_t k, const std::vector<std::vector<char*>>& slots) {
+  const size_t n = p.instances.size();
+  auto sync = [&](size_t g) -> const Instr& {
+    return p.instances[g][static_cast<size_t>(p.sync_instrs[g][k])];
+  };
+  if (sync(0).sync_send < 0) return;  // a barrier: reaching it was all
+  std::vector<std::vector<char>> staged(n);
+  for (size_t g = 0; g < n; ++g) {
+    const Instr& in = sync(g);
+    const Operand& s = sync(static_cast<size_t>(in.sync_recv)).src[0];
+    const char* base = slots[static_cast<size_t>(in.sync_recv)][static_cast<size_t>(s.slot)];
+    const int64_t size = static_cast<int64_t>(dtype_size(s.dtype));
+    staged[g].resize(static_cast<size_t>(in.extent[0] * in.extent[1] * size));
+    char* to = staged[g].data();
+    for (int64_t q = 0; q < in.extent[0]; ++q)
+      for (int64_t f = 0; f < in.extent[1]; ++f, to += size)
+        std::memcpy(to, base + (s.offset + s.stride[0] * q + s.stride[1] * f) * size,
+                    static_cast<size_t>(size));
+  }
+  for (size_t g = 0; g < n; ++g) {
+    const Instr& in = sync(g);
+    const Operand& s = sync(static_cast<size_t>(in.sync_recv)).src[0];
+    const Operand& d = in.dst;
+    char* base = slots[g][static_cast<size_t>(d.slot)];
+    const int64_t size = static_cast<int64_t>(dtype_size(d.dtype));
+    const char* from = staged[g].data();
+    int64_t i = 0;
+    for (int64_t q = 0; q < in.extent[0]; ++q)
+      for (int64_t f = 0; f < in.extent[1]; ++f, ++i) {
+        const int64_t at = d.offset + d.stride[0] * q + d.stride[1] * f;
+        if (s.dtype == d.dtype)  // bit for bit, as a DMA moves them
+          std::memcpy(base + at * size, from + i * size, static_cast<size_t>(size));
+        else
+          store_one(d.dtype, base, at, load_one(s.dtype, from, i));
+      }
+  }
+}
+
+// A program with core barriers or sendrecvs: instances run phase by phase (all of them up to
+// their next sync point, in parallel, then that point's data moved), each with an arena of its
+// own that lives across the phases (per calling thread, reused across runs).
+void run_phased(const Program& p, void* const* slots, bool in_order, uint64_t seed) {
+  const size_t n = p.instances.size();
+  const size_t n_slots = p.slot_bytes.size();
+  thread_local std::vector<Arena> arenas;
+  if (arenas.size() < n) arenas.resize(n);
+  std::vector<std::vector<char*>> local(n);
+  for (size_t g = 0; g < n; ++g) {
+    for (size_t i = 0; i < n_slots; ++i) local[g].push_back(static_cast<char*>(slots[i]));
+    if (n > 1 || local[g][n_slots - 1] == nullptr)
+      local[g][n_slots - 1] = arenas[g].get(p.slot_bytes.back());
+  }
+  const size_t points = p.sync_instrs[0].size();
+  for (size_t k = 0; k <= points; ++k) {
+    if (n == 1) {
+      run_phase(p, 0, k, local[0].data(), true, in_order, seed);
+    } else {
+      std::atomic<bool> failed{false};
+      std::string error;
+      std::atomic_flag error_taken = ATOMIC_FLAG_INIT;
+      runtime::parallel_for(0, static_cast<int64_t>(n), 1, [&](int64_t b, int64_t e) {
+        for (int64_t g = b; g < e && !failed.load(std::memory_order_relaxed); ++g) {
+          try {
+            run_phase(p, static_cast<size_t>(g), k, local[static_cast<size_t>(g)].data(), false,
+                      in_order, seed);
+          } catch (const std::exception& ex) {
+            if (!error_taken.test_and_set()) error = ex.what();
+            failed.store(true);
+          }
+        }
+      });
+      if (failed.load()) throw std::runtime_error(error);
+    }
+    if (k < points) run_sync(p, k, local);
+  }
+}
+
 // in_order: instruction by instruction, as written (aliasing slots).
 void run_instance(const Program& p, size_t instance, void* const* slots, bool parallel,
                   bool in_order, uint64_t seed) {
@@ -583,6 +700,76 @@ void run_instance(const Program& p, size_t instance, void* const* slots, bool pa
   }
   const std::vector<Instr>& instrs = p.rewritten[instance];
   for (const Group& g : p.schedules[instance]) run_group(p, instrs, g, local, parallel, seed);
+}
+
+}  // namespace
+
+namespace {
+
+// Program::sync_groups / sync_instrs, and the rules that let instances run phase by phase:
+// every instance reaches the same number of sync points, the k-th one of each is a barrier in
+// all of them or a sendrecv in all of them, and each sendrecv's peer names it back over a box of
+// the same shape.
+void find_sync_points(Program& p) {
+  const size_t n = p.instances.size();
+  auto fail = [&](const Instr& at, const std::string& what) {
+    const std::string line =
+        at.line >= 0 ? p.lines[static_cast<size_t>(at.line)] : std::string("<unknown>");
+    throw std::invalid_argument(line + ": in kernel '" + p.name + "': " + what);
+  };
+  for (size_t g = 0; g < n; ++g) {
+    p.sync_groups.emplace_back();
+    p.sync_instrs.emplace_back();
+    const std::vector<Group>& sched = p.schedules[g];
+    for (size_t k = 0; k < sched.size(); ++k)
+      if (p.rewritten[g][static_cast<size_t>(sched[k].begin)].kind == Kind::kSync)
+        p.sync_groups[g].push_back(static_cast<int32_t>(k));
+    for (size_t i = 0; i < p.instances[g].size(); ++i)
+      if (p.instances[g][i].kind == Kind::kSync)
+        p.sync_instrs[g].push_back(static_cast<int32_t>(i));
+  }
+  const size_t points = p.sync_instrs[0].size();
+  for (size_t g = 1; g < n; ++g)
+    if (p.sync_instrs[g].size() != points) {
+      const size_t extra = std::min(points, p.sync_instrs[g].size());
+      const Instr& at = p.sync_instrs[g].size() > points
+                            ? p.instances[g][static_cast<size_t>(p.sync_instrs[g][extra])]
+                            : p.instances[0][static_cast<size_t>(p.sync_instrs[0][extra])];
+      fail(at, "instance " + std::to_string(g) + " reaches " +
+                   std::to_string(p.sync_instrs[g].size()) +
+                   " core barriers / sendrecvs and instance 0 " + std::to_string(points) +
+                   "; every NeuronCore of a launch must reach the same ones, in the same order "
+                   "(on the hardware the others would wait forever)");
+    }
+  for (size_t k = 0; k < points; ++k) {
+    auto sync = [&](size_t g) -> const Instr& {
+      return p.instances[g][static_cast<size_t>(p.sync_instrs[g][k])];
+    };
+    const bool barrier = sync(0).sync_send < 0;
+    for (size_t g = 0; g < n; ++g) {
+      const Instr& in = sync(g);
+      if ((in.sync_send < 0) != barrier)
+        fail(in, "instance " + std::to_string(g) + " reaches a " +
+                     (barrier ? "sendrecv" : "core barrier") + " where instance 0 reaches a " +
+                     (barrier ? "core barrier" : "sendrecv"));
+      if (barrier) continue;
+      const auto peer = static_cast<size_t>(in.sync_recv);
+      if (peer >= n || static_cast<size_t>(in.sync_send) >= n)
+        fail(in, "sendrecv between instance " + std::to_string(g) + " and rank " +
+                     std::to_string(peer >= n ? in.sync_recv : in.sync_send) + " of a launch of " +
+                     std::to_string(n));
+      const Instr& from = sync(peer);
+      if (static_cast<size_t>(from.sync_send) != g)
+        fail(in, "sendrecv: instance " + std::to_string(g) + " receives from rank " +
+                     std::to_string(peer) + ", which sends to rank " +
+                     std::to_string(from.sync_send));
+      if (from.extent[0] != in.extent[0] || from.extent[1] != in.extent[1])
+        fail(in, "sendrecv: instance " + std::to_string(g) + " receives [" +
+                     std::to_string(in.extent[0]) + ", " + std::to_string(in.extent[1]) +
+                     "] from rank " + std::to_string(peer) + ", which sends [" +
+                     std::to_string(from.extent[0]) + ", " + std::to_string(from.extent[1]) + "]");
+    }
+  }
 }
 
 }  // namespace
@@ -612,6 +799,7 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
     p->rewritten.push_back(std::move(rewritten));
   }
   if (!r.done()) r.fail("trailing words");
+  find_sync_points(*p);
   return p.release();
 }
 
@@ -622,6 +810,10 @@ void program_run(const Program& p, void* const* slots) {
 void program_run(const Program& p, void* const* slots, uint64_t seed) {
   const int64_t n = static_cast<int64_t>(p.instances.size());
   const bool in_order = slots_overlap(p, slots);
+  if (!p.sync_instrs[0].empty()) {
+    run_phased(p, slots, in_order, seed);
+    return;
+  }
   if (n == 1) {
     run_instance(p, 0, slots, /*parallel=*/true, in_order, seed);
     return;

@@ -79,7 +79,8 @@ enum class Kind : uint8_t {
   kGather = 3,
   kDynamicCopy = 4,
   kIndirect = 5,
-  kNonzero = 6
+  kNonzero = 6,
+  kSync = 7
 };
 
 // An operand: a strided view of a slot, a constant, or an iota (offset + sum stride*index, as a
@@ -105,6 +106,9 @@ struct Step {
   Op op;
   uint8_t a, b, c;
 };
+
+constexpr int32_t kDynSkip = 1;          // Instr::dyn_mode
+constexpr int32_t kDynScalarOffset = 2;  // Instr::dyn_mode
 
 // kElementwise: dst = result register over extent[0..ndim), the last `nreduce` axes reduced
 // with reduce_op (then times post_scale); acc_op (when set) combines the old dst value:
@@ -145,9 +149,12 @@ struct Step {
 // data[p, :] (a NaN is nonzero), in order, plus nz_offset, then nz_pad up to position T - 1,
 // then their count at position T: dst has T + 1 elements along its free axis (the parser checks
 // all of them). Other partitions of dst are left alone.
-constexpr int32_t kDynSkip = 1;          // Instr::dyn_mode
-constexpr int32_t kDynScalarOffset = 2;  // Instr::dyn_mode
-
+// kSync (nisa.core_barrier, nisa.sendrecv): a point every instance of the launch reaches before
+// any goes past it (instances run phase by phase between these points, program_run). A
+// sendrecv (sync_send >= 0) also copies, at that point, the src[0] view of instance
+// sync_recv into this instance's dst, over extent = {P, F} (instance sync_recv names this one
+// as its sync_send; the parser checks the pairing). A barrier (both -1) has no src; its dst is
+// the data named, unused.
 struct Instr {
   Kind kind = Kind::kElementwise;
   int ndim = 0;
@@ -173,8 +180,10 @@ struct Instr {
   bool ind_skip = false;   // kIndirect only: out-of-range rows skipped, not an error
   int64_t ind_scale = 0;   // kIndirect only
   int64_t ind_min = 0, ind_max = 0;
-  int64_t nz_offset = 0;  // kNonzero only
-  int64_t nz_pad = 0;     // kNonzero only
+  int64_t nz_offset = 0;   // kNonzero only
+  int64_t nz_pad = 0;      // kNonzero only
+  int32_t sync_send = -1;  // kSync only: the instance this one's src goes to (-1: a barrier)
+  int32_t sync_recv = -1;  // kSync only: the instance whose src this one's dst receives
   // Set by rewrite_instance. kMatmul: the instruction after it, an elementwise `acc += dst`
   // (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`), and its own
   // destination is not written when no instruction reads it before it is overwritten
@@ -214,6 +223,10 @@ struct Program {
   std::vector<std::vector<Instr>> instances;  // one instruction list per grid instance
   std::vector<std::vector<Instr>> rewritten;  // the same after rewrite_instance
   std::vector<std::vector<Group>> schedules;  // per instance: `rewritten` in groups
+  // Per instance, the positions of its kSync instructions in `schedules` (each a group of its
+  // own) and in `instances`; every instance has the same number of them.
+  std::vector<std::vector<int32_t>> sync_groups;
+  std::vector<std::vector<int32_t>> sync_instrs;
   int64_t n_instrs = 0;
   // Whether some step draws from the launch's seed (launch_random): a launch then
   // takes its seed from the caller's generator (program_run with a seed).

@@ -70,11 +70,12 @@ bool plain_copy(const Instr& in) {
 }
 
 // NOTE: a gather reads, and a dynamic or indirect copy reads or writes, where run-time values
-// point, and nonzero_with_count writes its count one past its box: their operands' strides do
-// not describe their accesses, so no rewrite looks past one.
+// point, nonzero_with_count writes its count one past its box, and at a core barrier or
+// sendrecv other instances read and write: their operands' strides do not describe their
+// accesses, so no rewrite looks past one.
 bool opaque_reads(const Instr& in) {
   return in.kind == Kind::kGather || in.kind == Kind::kDynamicCopy || in.kind == Kind::kIndirect ||
-         in.kind == Kind::kNonzero;
+         in.kind == Kind::kNonzero || in.kind == Kind::kSync;
 }
 
 bool empty_box(const Instr& in) {

@@ -228,10 +228,10 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
     from openneuron import _C
     program = _C._NkiProgram(np.asarray(words, dtype=np.int64), name, list(lines))
     written = sorted({slots[i.dst.buf] for t in traces for i in t.instrs
-                      if i.enabled and i.dst.buf in slots})
+                      if i.enabled and i.dst.buf in slots and not _barrier(i)})
     if written and written[-1] >= n_args:
         where = next(t.lines[i.line] for t in traces for i in t.instrs
-                     if i.enabled and slots.get(i.dst.buf, -1) >= n_args)
+                     if i.enabled and slots.get(i.dst.buf, -1) >= n_args and not _barrier(i))
         raise NkiError(f"{where}: in kernel '{name}': an nl.shared_constant is read-only")
     for t in traces:
         t.active = False
@@ -246,6 +246,11 @@ def _finish(name, traces, results, input_ids, arrays, lines) -> Traced:
     traced.arrays = arrays
     traced.lines = list(lines)
     return traced
+
+
+def _barrier(i) -> bool:
+    """nisa.core_barrier's instruction: it names its data, it does not write it."""
+    return i.kind == 7 and i.extra[0] < 0
 
 
 def _buf_bytes(info) -> int:

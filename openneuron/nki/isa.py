@@ -979,26 +979,9 @@ def local_gather(*args, mask=None, **kwargs):
     return out if dst is None else None
 
 
-# --- between the NeuronCores of a logical NeuronCore ---------------------------------------------
-
-def _between_cores(what, alone_ok=False):
-    def call(*_, **__):
-        if alone_ok and int(np.prod(_trace.current().grid, dtype=np.int64)) <= 1:
-            return  # one NeuronCore: every core named has arrived
-        fail(f"nisa.{what} exchanges data between the NeuronCores of a kernel[lnc] launch; the "
-             f"neuron NKI executor runs a launch's instances independently and has no "
-             f"{what}: launch it on one NeuronCore (kernel[1]) or use a path of the kernel that "
-             f"keeps each instance's data to itself")
-    call.__name__ = what
-    return call
-
-
-core_barrier = _between_cores("core_barrier", alone_ok=True)
-sendrecv = _between_cores("sendrecv")
-
-
 # NOTE: imported last: these modules use the helpers above.
 from openneuron.nki import _isa_vector as _vector
+from openneuron.nki._isa_cores import core_barrier, sendrecv  # noqa: F401
 from openneuron.nki._isa_dynamic import (  # noqa: F401
     register_alloc,
     register_load,

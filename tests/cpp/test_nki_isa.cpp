@@ -697,5 +697,60 @@ TEST(NkiIsa, NonzeroWithCountInEachGpSimdCoresFirstPartition) {
   EXPECT_THROW(nonzero_program(P * (T + 1) * 4 - 4), std::invalid_argument);
 }
 
+// Two instances (a kernel[2] launch): each doubles its row of x into an arena tile, the two
+// swap tiles at a sendrecv, and each writes what it received to its row of out; a core barrier
+// between them changes nothing. One instance's sendrecv without the other's is refused.
+Encoder sendrecv_encoder(bool both, bool barrier) {
+  constexpr int64_t F = 4;
+  Encoder e({2 * F * 4, 2 * F * 4, 64});  // x [2, F], out [2, F], arena (tiles t 0-3, u 4-7)
+  e.w.push_back(2);                       // two instances
+  for (int g = 0; g < 2; ++g) {
+    const bool sends = both || g == 0;
+    e.w.push_back(2 + (sends ? 1 : 0) + (barrier ? 1 : 0));
+    e.header(0, {1, F});  // t = x[g] * 2
+    e.operand(0, 2, 0, {F, 1});
+    e.w.push_back(2);
+    e.operand(0, 0, g * F, {F, 1});
+    e.operand(1, 0, 0, {0, 0}, 2.0);
+    e.w.insert(e.w.end(), {1, kMul, 0, 1, 0, 0});
+    if (barrier) {
+      e.header(7, {1, 1}, 0, kAdd, false, 0);
+      e.operand(0, 1, 0, {0, 0});
+      e.w.insert(e.w.end(), {0, 0, 0, -1, -1});
+    }
+    if (sends) {
+      e.header(7, {1, F}, 0, kAdd, false, 0);  // u <- the other's t
+      e.operand(0, 2, F, {F, 1});
+      e.w.push_back(1);
+      e.operand(0, 2, 0, {F, 1});
+      e.w.insert(e.w.end(), {0, 0, 1 - g, 1 - g});
+    }
+    e.header(0, {1, F});  // out[g] = u
+    e.operand(0, 1, g * F, {F, 1});
+    e.w.push_back(1);
+    e.operand(0, 2, F, {F, 1});
+    e.w.insert(e.w.end(), {0, 0});
+  }
+  return e;
+}
+
+TEST(NkiIsa, SendrecvSwapsTilesBetweenInstances) {
+  for (bool barrier : {false, true}) {
+    auto p = sendrecv_encoder(true, barrier).parse({"kernel.py:3"});
+    std::vector<float> x = {1, 2, 3, 4, 10, 20, 30, 40}, out(8, -1.0f);
+    void* slots[] = {x.data(), out.data(), nullptr};
+    program_run(*p, slots);
+    EXPECT_EQ(out, std::vector<float>({20, 40, 60, 80, 2, 4, 6, 8})) << barrier;
+  }
+  try {
+    sendrecv_encoder(false, false).parse({"kernel.py:3"});
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& ex) {
+    EXPECT_NE(std::string(ex.what()).find("kernel.py:3: in kernel 'test': instance 1 reaches 0"),
+              std::string::npos)
+        << ex.what();
+  }
+}
+
 }  // namespace
 }  // namespace openneuron::nki

@@ -192,28 +192,92 @@ def test_matmul_accumulates_per_psum_location():
     np.testing.assert_allclose(got[1, 0:16], prod[0], rtol=1e-5, atol=1e-4)
 
 
-def test_core_barrier_on_one_core_and_collectives():
-    """nisa.core_barrier with one NeuronCore has nothing to wait for; across a kernel[2] launch
-    (and nisa.sendrecv) it is an error naming the line."""
+def test_sendrecv_and_core_barrier_between_the_cores_of_a_launch():
+    """nisa.sendrecv: each core sends its src to send_to_rank and receives into dst what
+    recv_from_rank sent (a ring over 1, 2 and 3 cores, the cores' data after each wrote its
+    own); nisa.core_barrier: what one core wrote to HBM before it, the others read after it."""
     @nki.jit
-    def k(a):
-        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=out, src=a)
-        nisa.core_barrier(out, (0, 1))
+    def ring(a):
+        r, n = nl.program_id(0), nl.num_programs(0)
+        out = nl.ndarray((n, 2) + a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=float(r))
+        got = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf)  # converted from bfloat16
+        nisa.sendrecv(t, got, (r + 1) % n, (r - 1) % n, 0)
+        nisa.dma_copy(dst=out[r, 0], src=got)
+        nisa.core_barrier(out, tuple(range(n)))
+        nisa.dma_copy(dst=out[r, 1], src=out[(r + 1) % n, 0])  # written by the next core
         return out
 
-    a = rand(4, 8)
-    np.testing.assert_array_equal(k[1](a), a)
-    with pytest.raises(nki.NkiError, match=r"test_nki_library.py:\d+.*core_barrier"):
-        k[2](a)
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for n in (1, 2, 3):
+        got = ring[n](a)
+        for r in range(n):
+            np.testing.assert_array_equal(got[r, 0], a + (r - 1) % n)
+            np.testing.assert_array_equal(got[r, 1], a + r)
+    got = ring[2](torch.from_numpy(a).to("neuron")).cpu().numpy()
+    np.testing.assert_array_equal(got[1, 0], a)
 
     @nki.jit
-    def send(a):
-        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
-        nisa.sendrecv(src=t, dst=t, send_to_rank=1, recv_from_rank=1, pipe_id=0)
+    def swap_halves(a):
+        """rmsnorm_tkg's form: each core sends its half of a shared HBM output to the other."""
+        r = nl.program_id(0)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        h = a.shape[1] // 2
+        t = nl.ndarray((a.shape[0], h), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a[:, r * h:(r + 1) * h])
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+        nisa.dma_copy(dst=out[:, r * h:(r + 1) * h], src=t)
+        mine = nl.ndarray((a.shape[0], h), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.sendrecv(src=out[:, r * h:(r + 1) * h], dst=mine, send_to_rank=1 - r,
+                      recv_from_rank=1 - r, pipe_id=0)
+        nisa.dma_copy(dst=out[:, (1 - r) * h:(2 - r) * h], src=mine)
+        return out
 
-    with pytest.raises(nki.NkiError, match="sendrecv"):
-        send[2](a)
+    np.testing.assert_array_equal(swap_halves[2](a[:, :4]), 2 * a[:, :4])
+
+
+def test_sendrecv_and_core_barrier_errors():
+    a = rand(4, 8)
+
+    @nki.jit
+    def one_sided(x):
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        if nl.program_id(0) == 0:
+            nisa.sendrecv(src=t, dst=t, send_to_rank=1, recv_from_rank=1, pipe_id=0)  # ONE
+        return x
+
+    with pytest.raises(ValueError, match=r"test_nki_library.py:\d+.*instance 1 reaches 0 core "
+                                         r"barriers / sendrecvs and instance 0 1"):
+        one_sided[2](a)
+
+    @nki.jit
+    def send(x, to=1, frm=1, shape=None, cores=None):
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        u = nl.ndarray(shape or x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        if cores is not None:
+            nisa.core_barrier(x, cores)
+        nisa.sendrecv(src=t, dst=u, send_to_rank=to, recv_from_rank=frm, pipe_id=0)
+
+    with pytest.raises(nki.NkiError, match="send_to_rank 2 is not a rank of this launch of 2"):
+        send[2](a, to=2)
+    with pytest.raises(nki.NkiError, match=r"src \[4, 8\] and dst \[4, 4\] differ"):
+        send[2](a, shape=(4, 4))
+    with pytest.raises(nki.NkiError, match=r"cores \(0,\) in a launch of 2"):
+        send[2](a, cores=(0,))
+    with pytest.raises(ValueError, match="receives from rank 0, which sends to rank 0"):
+        send[3](a, to=0, frm=0)  # rank 0 sends to itself, not to 1 or 2
+
+    @nki.jit
+    def alone(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=x)
+        nisa.core_barrier(out, (0, 1))  # one NeuronCore: nothing to wait for
+        return out
+
+    np.testing.assert_array_equal(alone[1](a), a)
 
 
 def test_library_annotations():
