@@ -650,12 +650,21 @@ void run_sync(const Program& p, size_t k, const std::vector<std::vector<char*>>&
 
 // A program with core barriers or sendrecvs: instances run phase by phase (all of them up to
 // their next sync point, in parallel, then that point's data moved), each with an arena of its
-// own that lives across the phases (per calling thread, reused across runs).
+// own that lives across the phases (per calling thread; the first kKeptArenas reused across
+// runs, the rest freed when the run ends).
+constexpr size_t kKeptArenas = 4;
+
 void run_phased(const Program& p, void* const* slots, bool in_order, uint64_t seed) {
   const size_t n = p.instances.size();
   const size_t n_slots = p.slot_bytes.size();
   thread_local std::vector<Arena> arenas;
   if (arenas.size() < n) arenas.resize(n);
+  struct Trim {
+    std::vector<Arena>& a;
+    ~Trim() {
+      if (a.size() > kKeptArenas) a.resize(kKeptArenas);
+    }
+  } trim{arenas};
   std::vector<std::vector<char*>> local(n);
   for (size_t g = 0; g < n; ++g) {
     for (size_t i = 0; i < n_slots; ++i) local[g].push_back(static_cast<char*>(slots[i]));
