@@ -85,14 +85,18 @@ Graph::~Graph() {
   try {
     if (capturing_) {  // destroyed mid-capture: the streams stop capturing, nothing is kept
       unregister_capture(std::exchange(capture_id_, 0));
-      stream_set_capture_graph(stream_, nullptr);
-      for (const Stream& j : joined_) stream_set_capture_graph(j, nullptr);
-      joined_.clear();
+      detach_streams();
       capturing_.reset();
     }
     reset();
   } catch (...) {  // NOTE: a destructor must not throw; reset() only fails on a dead device
   }
+}
+
+void Graph::detach_streams() {
+  stream_set_capture_graph(stream_, nullptr);
+  for (const Stream& j : joined_) stream_set_capture_graph(j, nullptr);
+  joined_.clear();
 }
 
 void Graph::capture_begin(const Stream& s, uint64_t pool) {
@@ -153,9 +157,7 @@ void Graph::capture_end() {
   std::unique_lock<std::mutex> lk(mu_);
   if (!capturing_) throw CaptureError("capture_end on a neuron graph that is not capturing");
   capture_id_ = 0;
-  stream_set_capture_graph(stream_, nullptr);
-  for (const Stream& j : joined_) stream_set_capture_graph(j, nullptr);
-  joined_.clear();
+  detach_streams();
   std::unique_ptr<Items> items = std::move(capturing_);
   if (!invalid_.empty()) {
     const std::string why = std::move(invalid_);

@@ -85,6 +85,9 @@ class Graph {
     std::mutex mu;  // one replay at a time: items may keep state between runs
     std::vector<Work> work;
   };
+  // The capturing stream and every stream that joined it stop capturing (mu_ held, or the
+  // destructor).
+  void detach_streams();
   std::mutex mu_;  // capture state (work may be queued from several threads)
   std::shared_ptr<Items> items_;
   std::unique_ptr<Items> capturing_;
