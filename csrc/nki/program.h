@@ -292,5 +292,10 @@ void run_dynamic_copy(const Instr& in, char* const* slots, const Program& p, boo
                       uint64_t seed);
 void run_indirect(const Instr& in, char* const* slots, const Program& p, uint64_t seed);
 void run_nonzero(const Instr& in, char* const* slots);
+// sync.cpp. Sets Program::sync_groups / sync_instrs and checks the rules of phased runs
+// (throws std::invalid_argument naming the kernel line).
+void find_sync_points(Program& p);
+// The data of every instance's k-th sync point once all reached it; slots[g]: instance g's.
+void run_sync(const Program& p, size_t k, const std::vector<std::vector<char*>>& slots);
 
 }  // namespace openneuron::nki

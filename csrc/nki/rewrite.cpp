@@ -333,7 +333,7 @@ bool draws_random(const Instr& in) {
 // producer inlined into it (b).
 bool chain_link(const Instr& in) {
   return in.kind == Kind::kElementwise && !in.dropped && !in.absorbed && in.ndim == 2 &&
-         !empty_box(in) && !draws_random(in) && in.transposed.empty();
+         !empty_box(in) && !draws_random(in);
 }
 
 // How operand o of b (over b's box) reads a's destination (over a's box), element for element:
