@@ -76,7 +76,8 @@ def _bind(view: NkiTensor, S, space_dims):
     rule): a [P] or [P, 1] tile broadcasts along the free axes of [P, F]; one that does not
     broadcast but has S's partitions and elements per partition walks them in order (0.x)."""
     if len(space_dims) == len(S) and not _broadcasts(view.shape, S):
-        view = view.as_shape(S) or view
+        shaped = view.as_shape(S)
+        view = shaped if shaped is not None else view
     if view.ndim > len(S):  # unit axes: a [P, 1] value into [P]; else [1, F] into [F]
         keep = slice(0, len(S))
         if any(n != 1 for n in view.shape[len(S):]):

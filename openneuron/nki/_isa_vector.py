@@ -289,7 +289,8 @@ def tensor_copy_predicated(*args, **kwargs):
     if dst is None:
         fail(f"nisa.{name}: dst is required (the tile written where predicate holds)")
     dst = _tile(name, "dst", dst)
-    d = dst.as_shape((dst.shape[0], dst.size // max(dst.shape[0], 1))) or dst  # N-D if strided
+    d = dst.as_shape((dst.shape[0], dst.size // max(dst.shape[0], 1)))
+    d = d if d is not None else dst  # N-D if strided
     p, f = dst.shape[0], dst.size // max(dst.shape[0], 1)
     pred = _tile(name, "predicate", v["predicate"])
     if pred._buf.dtype not in ("uint8", "uint16", "uint32"):

@@ -162,7 +162,8 @@ def _ap_indirect(t: NkiTensor, strides, shape, offset, idx, indirect_dim) -> Nki
     if t._buf.kind != "hbm":
         fail("ap(vector_offset=...): the tensor indexed by row indices must be in HBM")
     if isinstance(idx, NkiTensor) and idx.ndim > 2 and idx.size == idx.shape[0]:
-        idx = idx.as_shape((idx.shape[0], 1)) or idx  # [P, 1, 1]: one index per partition
+        column = idx.as_shape((idx.shape[0], 1))  # [P, 1, 1]: one index per partition
+        idx = column if column is not None else idx
     if not isinstance(idx, NkiTensor) or idx._buf.kind != "sbuf" or \
             idx._buf.dtype not in _INDEX_DTYPES or idx.ndim != 2:
         got = repr(idx) if isinstance(idx, NkiTensor) else type(idx).__name__

@@ -508,7 +508,8 @@ def _affine_select_pattern(dst, pattern, channel_multiplier, on_true_tile, on_fa
         fail(f"nisa.affine_select: cmp_op {name!r} is not a comparison "
              f"({', '.join(sorted(_AFFINE_FALSE))})")
     view, a = _iota_pattern_expr(dst, pattern, offset, channel_multiplier, "affine_select")
-    _emit.copy_into(view, on_true_tile.as_shape(a.shape) or on_true_tile.reshape(a.shape))
+    shaped = on_true_tile.as_shape(a.shape)
+    _emit.copy_into(view, shaped if shaped is not None else on_true_tile.reshape(a.shape))
     for conj in _AFFINE_FALSE[name]:
         fails = Pred(a.shape, [(c + s * a.const, [s * k for k in a.coefs]) for c, s in conj])
         _emit.copy_into(view, float(on_false_value), mask=fails)
@@ -615,7 +616,8 @@ def _flat(t, name, what):
     if t.ndim == 2:
         return t
     free = int(np.prod(t.shape[1:], dtype=np.int64)) if t.ndim > 1 else 1
-    return t.as_shape((t.shape[0], free)) or t.reshape((t.shape[0], free))
+    shaped = t.as_shape((t.shape[0], free))
+    return shaped if shaped is not None else t.reshape((t.shape[0], free))
 
 
 def _column(t, p):
