@@ -6,6 +6,7 @@
 // matmul.cpp, gather_scan.cpp).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -145,6 +146,30 @@ inline float load_one(DType dt, const char* base, int64_t i) {
       return f32_from_fp8_e5m2(reinterpret_cast<const uint8_t*>(base)[i]);
     default:
       return 0.0f;
+  }
+}
+
+// An element of an integer tile, exactly (a float32 read would round past 2^24).
+inline int64_t load_integer(DType dt, const char* base, int64_t i) {
+  constexpr int64_t kHuge = int64_t{1} << 62;
+  switch (dt) {
+    case DType::k_int32:
+      return reinterpret_cast<const int32_t*>(base)[i];
+    case DType::k_uint32:
+      return reinterpret_cast<const uint32_t*>(base)[i];
+    case DType::k_int16:
+      return reinterpret_cast<const int16_t*>(base)[i];
+    case DType::k_uint16:
+      return reinterpret_cast<const uint16_t*>(base)[i];
+    case DType::k_int8:
+      return reinterpret_cast<const int8_t*>(base)[i];
+    case DType::k_uint8:
+      return reinterpret_cast<const uint8_t*>(base)[i];
+    default: {  // float types: the value truncated toward zero (NaN 0, huge ones +-2^62)
+      const float v = load_one(dt, base, i);
+      if (!(std::fabs(v) < 4.0e18f)) return v > 0.0f ? kHuge : (v < 0.0f ? -kHuge : 0);
+      return static_cast<int64_t>(v);
+    }
   }
 }
 

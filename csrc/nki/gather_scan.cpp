@@ -105,26 +105,6 @@ std::string where(const Instr& in, const Program& prog) {
              : "?";
 }
 
-// An element of an integer tile, exactly (a float32 read would round past 2^24).
-int64_t load_integer(DType dt, const char* base, int64_t i) {
-  switch (dt) {
-    case DType::k_int32:
-      return reinterpret_cast<const int32_t*>(base)[i];
-    case DType::k_uint32:
-      return reinterpret_cast<const uint32_t*>(base)[i];
-    case DType::k_int16:
-      return reinterpret_cast<const int16_t*>(base)[i];
-    case DType::k_uint16:
-      return reinterpret_cast<const uint16_t*>(base)[i];
-    case DType::k_int8:
-      return reinterpret_cast<const int8_t*>(base)[i];
-    case DType::k_uint8:
-      return reinterpret_cast<const uint8_t*>(base)[i];
-    default:  // the parser admits integer dtypes only
-      return 0;
-  }
-}
-
 // Whether some lane of row p may run. Exact for two axes (row_lanes); over more axes each
 // predicate alone is asked whether it holds somewhere in the row, so a row whose predicates
 // only fail together counts as active (it then reads its index, a tile element the tracer's

@@ -244,7 +244,7 @@ void check_nonzero(const Reader& r, const Program& p, const Instr& in) {
 Instr read_instr(Reader& r, Program& p) {
   Instr in;
   const int n_slots = static_cast<int>(p.slot_bytes.size());
-  in.kind = static_cast<Kind>(r.next_in(0, 7, "instruction kind"));
+  in.kind = static_cast<Kind>(r.next_in(0, 8, "instruction kind"));
   in.ndim = static_cast<int>(r.next_in(1, kMaxDims, "rank"));
   for (int d = 0; d < in.ndim; ++d) in.extent[d] = r.next_in(0, int64_t{1} << 40, "extent");
   in.nreduce = static_cast<int>(r.next_in(0, in.ndim, "reduced axes"));
@@ -259,7 +259,8 @@ Instr read_instr(Reader& r, Program& p) {
   in.post_scale = r.next_float();
   in.line = static_cast<int32_t>(r.next_in(-1, static_cast<int64_t>(p.lines.size()) - 1, "line"));
   in.dst = read_operand(r, in.ndim, n_slots);
-  if (in.dst.type != Operand::kView) r.fail("destination is not a view");
+  if (in.dst.type != Operand::kView && in.kind != Kind::kBranch)
+    r.fail("destination is not a view");
   const int64_t n_src = r.next_in(0, kMaxRegisters, "operand count");
   for (int64_t i = 0; i < n_src; ++i) in.src.push_back(read_operand(r, in.ndim, n_slots));
   const int64_t n_steps = r.next_in(0, kMaxRegisters - n_src, "step count");
@@ -318,6 +319,20 @@ Instr read_instr(Reader& r, Program& p) {
         !in.preds.empty() || (in.sync_send < 0) != (in.sync_recv < 0) ||
         in.src.size() != (barrier ? 0u : 1u) || (!barrier && in.src[0].type != Operand::kView))
       r.fail("malformed core barrier / sendrecv");
+  } else if (in.kind == Kind::kBranch) {
+    in.br_cond = static_cast<int32_t>(r.next_in(kBrAlways, kBrStep, "branch condition"));
+    in.br_target = static_cast<int32_t>(r.next_in(0, int64_t{1} << 26, "branch target"));
+    in.br_step = r.next_in(0, int64_t{1} << 24, "loop step");
+    static constexpr size_t kOperands[] = {0, 2, 1, 0};
+    const bool writes = in.dst.type == Operand::kView;
+    if (in.ndim != 1 || in.extent[0] != 1 || in.nreduce != 0 || in.accumulate ||
+        !in.steps.empty() || !in.preds.empty() ||
+        in.src.size() != kOperands[static_cast<size_t>(in.br_cond)] ||
+        (writes && in.dst.dtype != DType::k_int32) || (in.br_cond == kBrAlways && writes) ||
+        (in.br_cond == kBrStep && (!writes || in.br_step < 1)))
+      r.fail("malformed branch");
+    for (const Operand& o : in.src)
+      if (o.type != Operand::kView) r.fail("malformed branch: an operand that is not a view");
   } else if (in.kind == Kind::kNonzero) {
     constexpr int64_t kReach = int64_t{1} << 40;
     in.nz_offset = r.next_in(-kReach, kReach, "nonzero index offset");
@@ -332,7 +347,7 @@ Instr read_instr(Reader& r, Program& p) {
   if (in.kind != Kind::kGather)  // a gather's reads: check_gather
     for (const Operand& o : in.src)
       if (o.type == Operand::kView) check_view(r, p, o, in, "operand");
-  check_view(r, p, in.dst, in, "destination");
+  if (in.dst.type == Operand::kView) check_view(r, p, in.dst, in, "destination");
   // NOTE: a one-axis elementwise instruction over at most a partition's worth of elements (a
   // [P, 1] tile's column: an rstd store, a per-row scale) becomes P rows of one lane (strides
   // and predicate coefficients of the new axis are 0) so that it joins its neighbours'
@@ -559,7 +574,8 @@ void run_one(const Program& p, const Instr& in, char* const* slots, bool paralle
     case Kind::kNonzero:
       run_nonzero(in, slots);
       break;
-    case Kind::kSync:  // a phase boundary: run_phased moves its data
+    case Kind::kSync:    // a phase boundary: run_phased moves its data
+    case Kind::kBranch:  // run_groups / run_in_order follow it
       break;
     default:
       run_elementwise(in, slots, parallel, seed);
@@ -590,6 +606,46 @@ void run_group(const Program& p, const std::vector<Instr>& instrs, const Group& 
     rows(0, g.rows);
 }
 
+// Groups [lo, hi) of an instance's schedule, following its branches (find_branches keeps
+// every jump inside a phase).
+void run_groups(const Program& p, const std::vector<Instr>& instrs,
+                const std::vector<Group>& groups, size_t lo, size_t hi, char* const* slots,
+                bool parallel, uint64_t seed) {
+  int64_t back = 0;
+  for (size_t k = lo; k < hi;) {
+    const Instr& first = instrs[static_cast<size_t>(groups[k].begin)];
+    if (first.kind != Kind::kBranch) {
+      run_group(p, instrs, groups[k], slots, parallel, seed);
+      ++k;
+    } else if (!branch_taken(first, slots)) {
+      ++k;
+    } else {
+      const auto to = static_cast<size_t>(first.br_group);
+      if (to <= k) loop_guard(p, first, &back);
+      k = to;
+    }
+  }
+}
+
+// Instructions [lo, hi) as written (aliasing slots), following their branches.
+void run_in_order(const Program& p, const std::vector<Instr>& instrs, size_t lo, size_t hi,
+                  char* const* slots, bool parallel, uint64_t seed) {
+  int64_t back = 0;
+  for (size_t i = lo; i < hi;) {
+    const Instr& in = instrs[i];
+    if (in.kind != Kind::kBranch) {
+      run_one(p, in, slots, parallel, seed);
+      ++i;
+    } else if (!branch_taken(in, slots)) {
+      ++i;
+    } else {
+      const auto to = static_cast<size_t>(in.br_target);
+      if (to <= i) loop_guard(p, in, &back);
+      i = to;
+    }
+  }
+}
+
 // Instance g's phase k: what it runs between its sync points k - 1 and k (as written with
 // in_order, else its schedule's groups).
 void run_phase(const Program& p, size_t g, size_t k, char* const* slots, bool parallel,
@@ -598,12 +654,10 @@ void run_phase(const Program& p, size_t g, size_t k, char* const* slots, bool pa
   const size_t total = in_order ? p.instances[g].size() : p.schedules[g].size();
   const size_t lo = k == 0 ? 0 : static_cast<size_t>(at[k - 1]) + 1;
   const size_t hi = k < at.size() ? static_cast<size_t>(at[k]) : total;
-  for (size_t i = lo; i < hi; ++i) {
-    if (in_order)
-      run_one(p, p.instances[g][i], slots, parallel, seed);
-    else
-      run_group(p, p.rewritten[g], p.schedules[g][i], slots, parallel, seed);
-  }
+  if (in_order)
+    run_in_order(p, p.instances[g], lo, hi, slots, parallel, seed);
+  else
+    run_groups(p, p.rewritten[g], p.schedules[g], lo, hi, slots, parallel, seed);
 }
 
 // A program with core barriers or sendrecvs: instances run phase by phase (all of them up to
@@ -661,12 +715,11 @@ void run_instance(const Program& p, size_t instance, void* const* slots, bool pa
   char* local[64];
   for (size_t i = 0; i < n_slots; ++i) local[i] = static_cast<char*>(slots[i]);
   if (local[n_slots - 1] == nullptr) local[n_slots - 1] = thread_arena(p.slot_bytes.back());
-  if (in_order) {
-    for (const Instr& in : p.instances[instance]) run_one(p, in, local, parallel, seed);
-    return;
-  }
-  const std::vector<Instr>& instrs = p.rewritten[instance];
-  for (const Group& g : p.schedules[instance]) run_group(p, instrs, g, local, parallel, seed);
+  if (in_order)
+    run_in_order(p, p.instances[instance], 0, p.instances[instance].size(), local, parallel, seed);
+  else
+    run_groups(p, p.rewritten[instance], p.schedules[instance], 0, p.schedules[instance].size(),
+               local, parallel, seed);
 }
 
 }  // namespace
@@ -697,6 +750,7 @@ Program* program_parse(const int64_t* code, size_t n_words, std::string name,
   }
   if (!r.done()) r.fail("trailing words");
   find_sync_points(*p);
+  find_branches(*p);
   return p.release();
 }
 

@@ -80,7 +80,8 @@ enum class Kind : uint8_t {
   kDynamicCopy = 4,
   kIndirect = 5,
   kNonzero = 6,
-  kSync = 7
+  kSync = 7,
+  kBranch = 8
 };
 
 // An operand: a strided view of a slot, a constant, or an iota (offset + sum stride*index, as a
@@ -106,6 +107,12 @@ struct Step {
   Op op;
   uint8_t a, b, c;
 };
+
+// Instr::br_cond (kBranch).
+constexpr int32_t kBrAlways = 0;    // jump
+constexpr int32_t kBrExitGe = 1;    // jump when src[0] >= src[1]; else dst = src[0]
+constexpr int32_t kBrExitZero = 2;  // jump when src[0] == 0; else dst = src[0]
+constexpr int32_t kBrStep = 3;      // dst += br_step; jump
 
 constexpr int32_t kDynSkip = 1;          // Instr::dyn_mode
 constexpr int32_t kDynScalarOffset = 2;  // Instr::dyn_mode
@@ -155,6 +162,14 @@ constexpr int32_t kDynScalarOffset = 2;  // Instr::dyn_mode
 // sync_recv into this instance's dst, over extent = {P, F} (instance sync_recv names this one
 // as its sync_send; the parser checks the pairing). A barrier (both -1) has no src; its dst is
 // the data named, unused.
+// kBranch (nl.dynamic_range, nl.fori_loop, nl.while_loop): extent = {1}; goes on at
+// instruction br_target of the instance (its count: the end) when its condition (br_cond)
+// holds, else at the next. Operands are one-element views read as integers (a float one
+// truncated); dst, where it is a view (a constant otherwise), is an int32 register the branch
+// writes exactly: a loop's counter (kBrStep) or the value the body reads (the exits, when they
+// do not jump). The parser checks that no jump crosses a sync point and that each target starts
+// a group of the schedule; a run stops with an error naming the line after kMaxBackJumps
+// backward jumps (a loop whose condition never ends it: the hardware would hang).
 struct Instr {
   Kind kind = Kind::kElementwise;
   int ndim = 0;
@@ -184,6 +199,10 @@ struct Instr {
   int64_t nz_pad = 0;      // kNonzero only
   int32_t sync_send = -1;  // kSync only: the instance this one's src goes to (-1: a barrier)
   int32_t sync_recv = -1;  // kSync only: the instance whose src this one's dst receives
+  int32_t br_cond = 0;     // kBranch only: kBrAlways, kBrExitGe, kBrExitZero or kBrStep
+  int32_t br_target = 0;   // kBranch only: the instruction it jumps to
+  int64_t br_step = 0;     // kBranch only (kBrStep): the counter's step
+  int32_t br_group = 0;    // kBranch in Program::rewritten: the schedule's group of br_target
   // Set by rewrite_instance. kMatmul: the instruction after it, an elementwise `acc += dst`
   // (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`), and its own
   // destination is not written when no instruction reads it before it is overwritten
@@ -297,5 +316,15 @@ void run_nonzero(const Instr& in, char* const* slots);
 void find_sync_points(Program& p);
 // The data of every instance's k-th sync point once all reached it; slots[g]: instance g's.
 void run_sync(const Program& p, size_t k, const std::vector<std::vector<char*>>& slots);
+// control.cpp. Checks every kBranch of every instance (targets in range, starting a group, no
+// sync point jumped over or looped around) and sets br_group (throws std::invalid_argument
+// naming the kernel line).
+void find_branches(Program& p);
+// Whether branch `in` jumps (stepping a kBrLoop's counter), reading its operands in slots.
+bool branch_taken(const Instr& in, char* const* slots);
+// A run's backward jumps per instance before branch_taken's caller gives up (loop_guard).
+constexpr int64_t kMaxBackJumps = int64_t{1} << 24;
+// Throws std::runtime_error naming the loop's line once *count passes kMaxBackJumps.
+void loop_guard(const Program& p, const Instr& in, int64_t* count);
 
 }  // namespace openneuron::nki

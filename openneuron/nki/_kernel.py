@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from openneuron.nki import _emit, _trace
+from openneuron.nki import _control, _emit, _trace
 from openneuron.nki._tensor import NkiTensor, numpy_dtype
 from openneuron.nki._trace import NkiError, Trace
 
@@ -122,6 +122,7 @@ def _trace_kernel(func, name, args, kwargs, grid) -> Traced:
                     t.buffers[remap[new]] = t.buffers.pop(new)
             keep = [targs[i]._buf for i in arrays]
             result = func(*targs, **kwargs)
+            _control.check_closed(t)
             t.check_capacity()
         finally:
             _trace._local.trace = None

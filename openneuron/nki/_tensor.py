@@ -450,6 +450,12 @@ class NkiTensor:
     def __len__(self):
         return self.shape[0]
 
+    def __bool__(self):
+        fail(f"the value of {self!r} is not known while the kernel is traced, so it cannot be a "
+             f"Python bool (if / while): for a loop on a run-time value use nl.while_loop, "
+             f"nl.fori_loop or nl.dynamic_range; for a choice per element, nl.where")
+        return False
+
     def __repr__(self):
         return f"NkiTensor({list(self.shape)}, {self._buf.dtype}, {self._buf.kind})"
 

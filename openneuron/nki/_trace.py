@@ -39,6 +39,7 @@ BN_STATS_FMAX = 512
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _MAGIC = 0x4E4B4931
+KIND_BRANCH = 8  # csrc/nki/program.h Kind::kBranch
 
 
 class NkiError(ValueError):
@@ -227,6 +228,7 @@ class Instr:
         "reduce_op",
         "src",
         "steps",
+        "target",
     )
 
     def __init__(self, kind, extent, dst, src=(), steps=(), preds=(), nreduce=0,
@@ -245,6 +247,7 @@ class Instr:
         self.line = line
         self.enabled = True
         self.extra = ()  # kind-specific words after the predicates (a gather's bounds)
+        self.target = None  # a branch's (instruction, k): it jumps k instructions after that one
 
 
 def _f64_word(x: float) -> int:
@@ -281,6 +284,11 @@ class Trace:
         self.prints = []  # (id, prefix) of nl.device_print copies, hidden outputs, in order
         self.psum_written = {}  # PSUM tile id -> blocks (banks) some instruction has written
         self.block_counts = {}  # tile id -> blocks, for (B, nl.par_dim(P), F) tiles
+        # run-time loops (_control.py): those open, outermost first, each
+        # {"head": index of its first branch, "line": where, "deferred": buffers}; and the
+        # (head, back) instruction spans of those closed
+        self.loops = []
+        self.loop_spans = []
         self.active = True
 
     def new_buffer_id(self, buf: Buffer) -> int:
@@ -343,6 +351,7 @@ class Trace:
                  f"{list(buf.shape)} {buf.dtype}; drop references to tiles no longer needed")
         self.tile_allocs.append((buf.id, buf.kind, physical, list(buf.shape), buf.dtype,
                                  len(self.instrs), user_line()))
+        buf.alloc_at = len(self.instrs)
         off = self.arena.alloc(per_partition) if per_partition else 0
         self.buffers[buf.id][2] = buf.nbytes
         self.buffers[buf.id][4] = off
@@ -386,7 +395,12 @@ class Trace:
                     # find_nonzero_indices allocates a chunk's four tiles at once and uses
                     # them one after another (196 KiB at once, 129 KiB live)
                     end = max(start, last.get(bid, start))
+                    made = start
                     start = uses[bid][0] if bid in uses else start
+                    for head, back in self.loop_spans:
+                        # made before a run-time loop and used in it: in use all through it
+                        if made < head <= end:
+                            start, end = min(start, head), max(end, back)
                     events.append((start, 1, size, shape, dtype, where))
                     events.append((end + 1, 0, -size, shape, dtype, where))
             used = peak = 0
@@ -406,6 +420,15 @@ class Trace:
             setattr(self, f"{kind}_peak", peak)
 
     def free_tile(self, buf: Buffer):
+        # A tile from before a run-time loop that the body drops may still be read by the next
+        # iteration: its memory is not reused before the loop ends (_control.close_loop).
+        for loop in self.loops:
+            if loop["head"] > buf.alloc_at:
+                loop["deferred"].append(buf)
+                return
+        self.release_tile(buf)
+
+    def release_tile(self, buf: Buffer):
         if buf.kind == "psum":
             self.psum_used -= buf.physical
         else:
@@ -469,6 +492,7 @@ def encode(program_traces: list, slots: dict, slot_bytes: list, arena_slot: int)
     words = [_MAGIC, len(slot_bytes), *slot_bytes, len(program_traces)]
     for t in program_traces:
         live = [i for i in t.instrs if i.enabled]
+        pos = {id(ins): k for k, ins in enumerate(live)}
         words.append(len(live))
         for ins in live:
             nd = len(ins.extent)
@@ -484,7 +508,11 @@ def encode(program_traces: list, slots: dict, slot_bytes: list, arena_slot: int)
             words.append(len(ins.preds))
             for c, coefs in ins.preds:
                 words += [c, *coefs]
-            words += list(ins.extra)
+            if ins.kind == KIND_BRANCH:  # (condition, step) -> condition, target, step
+                to, k = ins.target
+                words += [ins.extra[0], pos[id(to)] + k, ins.extra[1]]
+            else:
+                words += list(ins.extra)
     return np.asarray(words, dtype=np.int64)
 
 

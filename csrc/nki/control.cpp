@@ -1,0 +1,95 @@
+// Run-time control flow of a traced NKI program (kBranch: the loops of nl.dynamic_range,
+// nl.fori_loop and nl.while_loop, traced once and run as many times as their registers say):
+// the parse-time rules, each branch's condition, and the guard against a loop that never ends.
+// Following the jumps is program.cpp's (run_groups, run_in_order). Semantics: Instr in
+// program.h.
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "nki/convert.h"
+#include "nki/program.h"
+
+namespace openneuron::nki {
+namespace {
+
+std::string where(const Program& p, const Instr& in) {
+  return in.line >= 0 && static_cast<size_t>(in.line) < p.lines.size()
+             ? p.lines[static_cast<size_t>(in.line)]
+             : std::string("<unknown>");
+}
+
+int64_t read_int(const Operand& o, char* const* slots) {
+  return load_integer(o.dtype, slots[o.slot], o.offset);  // a view: the parser's rule
+}
+
+}  // namespace
+
+void find_branches(Program& p) {
+  for (size_t g = 0; g < p.instances.size(); ++g) {
+    const std::vector<Instr>& instrs = p.instances[g];
+    const std::vector<Group>& groups = p.schedules[g];
+    const size_t n = instrs.size();
+    std::vector<size_t> syncs;
+    for (size_t i = 0; i < n; ++i)
+      if (instrs[i].kind == Kind::kSync) syncs.push_back(i);
+    for (size_t i = 0; i < n; ++i) {
+      const Instr& in = instrs[i];
+      if (in.kind != Kind::kBranch) continue;
+      auto fail = [&](const std::string& what) {
+        throw std::invalid_argument(where(p, in) + ": in kernel '" + p.name + "': " + what);
+      };
+      const auto to = static_cast<size_t>(in.br_target);
+      if (to > n) fail("branch target " + std::to_string(to) + " past the program's end");
+      // A loop's instructions are those between its branch and the target, either way.
+      const size_t lo = std::min(i, to), hi = std::max(i, to);
+      for (size_t s : syncs)
+        if (s >= lo && s < hi)
+          fail(
+              "a core barrier or sendrecv inside a run-time loop (nl.dynamic_range / "
+              "nl.fori_loop / nl.while_loop) is not supported: every NeuronCore of the launch "
+              "must reach its sync points the same number of times; move it out of the loop");
+      // The target starts a group: no group straddles it (the tracer puts a branch before it or
+      // a branch at it, and a branch is a group of its own).
+      size_t k = 0;
+      while (k < groups.size() && static_cast<size_t>(groups[k].end) <= to) ++k;
+      if (k < groups.size() && static_cast<size_t>(groups[k].begin) < to)
+        fail("malformed branch: its target is inside a group of the schedule");
+      p.rewritten[g][i].br_group = static_cast<int32_t>(k);
+    }
+  }
+}
+
+bool branch_taken(const Instr& in, char* const* slots) {
+  auto write = [&](int64_t v) {  // exactly, past float32's 2^24 (registers are int32)
+    reinterpret_cast<int32_t*>(slots[in.dst.slot])[in.dst.offset] = static_cast<int32_t>(v);
+  };
+  switch (in.br_cond) {
+    case kBrExitGe:
+    case kBrExitZero: {
+      const int64_t v = read_int(in.src[0], slots);
+      if (in.br_cond == kBrExitGe ? v >= read_int(in.src[1], slots) : v == 0) return true;
+      if (in.dst.type == Operand::kView) write(v);
+      return false;
+    }
+    case kBrStep:  // a counted loop's counter; saturated, it still reaches an int32 stop
+      write(std::min<int64_t>(read_int(in.dst, slots) + in.br_step, INT32_MAX));
+      return true;
+    default:
+      return true;
+  }
+}
+
+void loop_guard(const Program& p, const Instr& in, int64_t* count) {
+  if (++*count <= kMaxBackJumps) return;
+  throw std::runtime_error(
+      where(p, in) + ": in kernel '" + p.name + "': a run-time loop has gone round " +
+      std::to_string(kMaxBackJumps) +
+      " times in one launch and is stopped (on the hardware a loop whose condition never "
+      "ends it hangs the NeuronCore): check the register its condition reads (nl.while_loop: the "
+      "register the body returns must become 0)");
+}
+
+}  // namespace openneuron::nki

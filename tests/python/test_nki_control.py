@@ -1,0 +1,299 @@
+# Run-time loops (nl.dynamic_range, nl.fori_loop, nl.while_loop: NKI's hardware loops), each
+# against numpy: trip counts read from an input when the kernel runs, the loop register as an
+# access pattern's scalar_offset, nesting, grid instances with their own counts, neuron
+# tensors, state carried in tiles written in place, and every misuse as a clear error.
+import numpy as np
+import pytest
+import torch
+
+import openneuron.nki.isa as nisa
+import openneuron.nki.language as nl
+from openneuron import nki
+from openneuron.nki import NkiError
+
+RNG = np.random.default_rng(5)
+
+
+def rand(*shape):
+    return RNG.uniform(-2.0, 2.0, size=shape).astype(np.float32)
+
+
+def count(n):
+    return np.array([[n]], np.int32)
+
+
+def load_register(n):
+    """A register holding the int32 value of HBM tensor n ([1, 1])."""
+    sb = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sb, src=n)
+    reg = nisa.register_alloc()
+    nisa.register_load(reg, sb)
+    return reg
+
+
+@nki.jit
+def repeat_add(x, n):
+    """out = x * n: acc += x, n times (n read when the kernel runs)."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    acc = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc, value=0.0)
+    t = nl.load(x)
+    for _ in nl.dynamic_range(load_register(n)):
+        nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
+    nl.store(out, acc)
+    return out
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, -3])
+def test_dynamic_range_runs_the_body_the_count_read_at_run_time(n):
+    x = rand(128, 64)
+    np.testing.assert_allclose(repeat_add(x, count(n)), x * max(n, 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("start,stop,step", [(0, 4, 1), (1, 4, 1), (0, 4, 2), (3, 4, 5),
+                                              (2, 2, 1)])
+def test_loop_register_steps_through_row_tiles(start, stop, step):
+    """for i in dynamic_range(start, stop, step): tile i of x, times (i + 1), into tile i of out;
+    i read as the access pattern's scalar_offset (rows = i * 128)."""
+    @nki.jit
+    def k(x, lo, hi):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        zero = nl.zeros((128, 32), dtype=x.dtype, buffer=nl.sbuf)
+        for r in range(x.shape[0] // 128):
+            nl.store(out[r * 128:(r + 1) * 128, :], zero)
+        rows = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        for i in nl.dynamic_range(load_register(lo), load_register(hi), step):
+            nisa.tensor_scalar(dst=rows, data=i, op0=nl.multiply, operand0=128)
+            pat = [[32, 128], [1, 32]]
+            tile = nl.ndarray((128, 32), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=tile, src=x.ap(pat, 0, scalar_offset=rows, indirect_dim=0))
+            scale = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=scale, data=i, op0=nl.add, operand0=1)
+            col = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=col, src=nl.broadcast_to(scale, (128, 1)))
+            nisa.tensor_scalar(dst=tile, data=tile, op0=nl.multiply, operand0=col)
+            nisa.dma_copy(dst=out.ap(pat, 0, scalar_offset=rows, indirect_dim=0), src=tile)
+        return out
+
+    x = rand(512, 32)
+    want = np.zeros_like(x)
+    for i in range(start, stop, step):
+        want[i * 128:(i + 1) * 128] = x[i * 128:(i + 1) * 128] * (i + 1)
+    np.testing.assert_allclose(k(x, count(start), count(stop)), want, rtol=1e-6)
+
+
+def test_fori_loop_with_python_and_register_bounds():
+    """The documentation's shape: body_fun(i) per iteration, the upper bound a register; bounds
+    read when the loop starts (the body changing the bound's register does not change the
+    count), and the body's i a copy (writing it does not either)."""
+    @nki.jit
+    def k(x, n):
+        out = nl.ndarray((1, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((1, 64), dtype=nl.float32, buffer=nl.sbuf)
+        t = nl.load(x)
+        ub = load_register(n)
+
+        def body(i):
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
+            nisa.register_move(ub, 1000)
+            nisa.register_move(i, 1000)
+
+        nl.fori_loop(1, ub, body)
+        nl.fori_loop(0, 2, body)  # python bounds: two more
+        nl.store(out, acc)
+        return out
+
+    x = rand(1, 64)
+    np.testing.assert_allclose(k(x, count(4)), x * 5, rtol=1e-6)
+
+
+def test_while_loop_counts_down_a_register():
+    """nl.while_loop: acc += x while the count is nonzero; the body returns the register with
+    the next condition (count - 1), loaded from a tile it updates in place."""
+    @nki.jit
+    def k(x, n):
+        out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        t = nl.load(x)
+        left = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=left, src=n)
+        start = nisa.register_alloc()
+        nisa.register_load(start, left)
+
+        def body(r):
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
+            nisa.tensor_scalar(dst=left, data=left, op0=nl.subtract, operand0=1)
+            nxt = nisa.register_alloc()
+            nisa.register_load(nxt, left)
+            return nxt
+
+        nl.while_loop(start, body)
+        nl.store(out, acc)
+        return out
+
+    x = rand(128, 16)
+    for n in (0, 1, 6):
+        np.testing.assert_allclose(k(x, count(n)), x * n, rtol=1e-6)
+
+
+def test_nested_loops_and_grid_instances_with_their_own_counts():
+    """out[g] = x * (rows[g] * cols[g]): a loop in a loop, each instance of a grid reading its
+    own trip counts."""
+    @nki.jit
+    def k(x, counts):
+        g = nl.program_id(0)
+        out = nl.ndarray((2, 128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+        t = nl.load(x)
+        outer = load_register(counts[g:g + 1, 0:1])
+        inner = load_register(counts[g:g + 1, 1:2])
+        for _ in nl.dynamic_range(outer):
+            for _ in nl.dynamic_range(inner):
+                nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
+        nl.store(out[g], acc)
+        return out
+
+    x = rand(128, 8)
+    got = k[2](x, np.array([[2, 3], [4, 0]], np.int32))
+    np.testing.assert_allclose(got[0], x * 6, rtol=1e-6)
+    np.testing.assert_array_equal(got[1], np.zeros_like(x))
+
+
+def test_tiles_from_before_the_loop_keep_their_memory_through_it():
+    """The body drops t after reading it: the trace's tile is what every iteration reads, so a
+    tile made after must not take its memory (100s there would be added from iteration 2)."""
+    @nki.jit
+    def k(x, n):
+        out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        t = nl.load(x)
+        for _ in nl.dynamic_range(load_register(n)):
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
+            t = None
+            u = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=u, value=100.0)
+            nisa.tensor_tensor(dst=u, data1=u, data2=u, op=nl.add)
+        nl.store(out, acc)
+        return out
+
+    x = rand(128, 32)
+    np.testing.assert_allclose(k(x, count(3)), x * 3, rtol=1e-6)
+
+
+def test_capacity_counts_a_tile_from_before_the_loop_through_all_of_it():
+    """a (96 KiB a partition) is last read at the top of the body, b (112 KiB) made after: one
+    pass would fit them in turn, but the next iteration reads a again."""
+    @nki.jit
+    def k(x, n):
+        out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        a = nl.zeros((128, 24576), dtype=nl.float32, buffer=nl.sbuf)
+        r = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)
+        for _ in nl.dynamic_range(load_register(n)):
+            nisa.tensor_copy(dst=r, src=a[:, 0:4])
+            b = nl.ndarray((128, 28672), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=b, value=1.0)
+            nisa.tensor_scalar(dst=b, data=b, op0=nl.add, operand0=1.0)
+            nisa.tensor_copy(dst=r, src=b[:, 0:4])
+        nl.store(out, r)
+        return out
+
+    with pytest.raises(NkiError, match="SBUF is full"):
+        k(rand(128, 4), count(1))
+
+
+def test_neuron_tensors_run_on_the_stream():
+    x = torch.randn(128, 64)
+    dev = torch.device("neuron")
+    got = repeat_add(x.to(dev), torch.tensor([[3]], dtype=torch.int32).to(dev))
+    assert got.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), x * 3, rtol=1e-6, atol=1e-6)
+
+
+# --- misuse ----------------------------------------------------------------------------------
+
+def _error(kernel, *args):
+    with pytest.raises(NkiError) as ex:
+        kernel(*args)
+    return str(ex.value)
+
+
+def test_break_out_of_a_run_time_loop_is_an_error_naming_the_loop():
+    @nki.jit
+    def k(x, n):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for _ in nl.dynamic_range(load_register(n)):
+            nl.store(out, nl.load(x))
+            break
+        return out
+
+    msg = _error(k, rand(4, 4), count(2))
+    assert "test_nki_control.py" in msg and "nl.dynamic_range was left by break or return" in msg
+
+
+def test_bad_bounds_and_steps_are_errors():
+    @nki.jit
+    def k(x, n, step, stop):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        reg = load_register(n)
+        for _ in nl.dynamic_range(0, reg if stop is None else stop, reg if step is None else step):
+            nl.store(out, nl.load(x))
+        return out
+
+    x, n = rand(4, 4), count(2)
+    assert "step must be a positive int known when the kernel is traced" in _error(k, x, n, None,
+                                                                                    None)
+    assert "step must be a positive int" in _error(k, x, n, 0, None)
+    assert "stop 33554432 is out of range: run-time loop bounds are exact up to 2^24" in \
+        _error(k, x, n, 1, 1 << 25)
+    assert "stop must be an int or a register" in _error(k, x, n, 1, 2.5)
+
+
+def test_a_register_is_not_a_python_bool():
+    @nki.jit
+    def k(x, n):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        reg = load_register(n)
+        while reg:
+            nl.store(out, nl.load(x))
+        return out
+
+    assert "cannot be a Python bool (if / while): for a loop on a run-time value use " \
+           "nl.while_loop" in _error(k, rand(4, 4), count(1))
+
+
+def test_while_body_must_return_a_register():
+    @nki.jit
+    def k(x, n):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.while_loop(load_register(n), lambda r: None)
+        return out
+
+    assert "body_fun must return the register holding the next condition" in \
+        _error(k, rand(4, 4), count(1))
+
+
+def test_core_barrier_inside_a_run_time_loop_is_an_error():
+    @nki.jit
+    def k(x, n):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for _ in nl.dynamic_range(load_register(n)):
+            nl.store(out, nl.load(x))
+            nisa.core_barrier(out, (0, 1))
+        return out
+
+    with pytest.raises(Exception, match="inside a run-time loop .* is not supported"):
+        k[2](rand(4, 4), count(1))
+
+
+def test_a_loop_that_never_ends_is_stopped_with_an_error():
+    @nki.jit
+    def k(x, n):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.while_loop(load_register(n), lambda r: r)
+        nl.store(out, nl.load(x))
+        return out
+
+    np.testing.assert_array_equal(k(np.ones((4, 4), np.float32), count(0)), np.ones((4, 4)))
+    with pytest.raises(RuntimeError, match="test_nki_control.py.*a run-time loop has gone round "
+                                           "16777216 times"):
+        k(np.ones((4, 4), np.float32), count(1))
