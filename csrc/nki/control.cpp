@@ -1,8 +1,8 @@
 // Run-time control flow of a traced NKI program (kBranch: the loops of nl.dynamic_range,
-// nl.fori_loop and nl.while_loop, traced once and run as many times as their registers say):
-// the parse-time rules, each branch's condition, and the guard against a loop that never ends.
-// Following the jumps is program.cpp's (run_groups, run_in_order). Semantics: Instr in
-// program.h.
+// nl.fori_loop and nl.while_loop, traced once and run as many times as their registers say, and
+// nl.if_else): the parse-time rules, each branch's condition, the guard against a loop that
+// never ends; and the integer scalars those read (kScalar: NkiScalar arithmetic). Following the
+// jumps is program.cpp's (run_groups, run_in_order). Semantics: Instr in program.h.
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -90,6 +90,66 @@ void loop_guard(const Program& p, const Instr& in, int64_t* count) {
       " times in one launch and is stopped (on the hardware a loop whose condition never "
       "ends it hangs the NeuronCore): check the register its condition reads (nl.while_loop: the "
       "register the body returns must become 0)");
+}
+
+void run_scalar(const Program& p, const Instr& in, char* const* slots) {
+  auto value = [&](int i) {
+    const Operand& o = in.src[static_cast<size_t>(i)];
+    return o.type == Operand::kView ? read_int(o, slots) : in.sc_const[i];
+  };
+  const int64_t a = static_cast<int32_t>(static_cast<uint32_t>(value(0)));  // int32 operands
+  const int64_t b = static_cast<int32_t>(static_cast<uint32_t>(value(1)));
+  int64_t v = 0;
+  switch (in.sc_op) {
+    case Op::k_neg:
+      v = -a;
+      break;
+    case Op::k_add:
+      v = a + b;
+      break;
+    case Op::k_subtract:
+      v = a - b;
+      break;
+    case Op::k_multiply:
+      v = a * b;
+      break;
+    case Op::k_divide:
+    case Op::k_mod:
+      if (b == 0)
+        throw std::runtime_error(where(p, in) + ": in kernel '" + p.name +
+                                 "': integer scalar division by zero (" + std::to_string(a) +
+                                 (in.sc_op == Op::k_divide ? " / 0" : " % 0") + ")");
+      v = in.sc_op == Op::k_divide ? a / b : a % b;  // toward zero; the remainder takes a's sign
+      break;
+    case Op::k_maximum:
+      v = std::max(a, b);
+      break;
+    case Op::k_minimum:
+      v = std::min(a, b);
+      break;
+    case Op::k_less:
+      v = a < b;
+      break;
+    case Op::k_less_equal:
+      v = a <= b;
+      break;
+    case Op::k_greater:
+      v = a > b;
+      break;
+    case Op::k_greater_equal:
+      v = a >= b;
+      break;
+    case Op::k_equal:
+      v = a == b;
+      break;
+    case Op::k_not_equal:
+      v = a != b;
+      break;
+    default:  // copy
+      v = a;
+  }
+  reinterpret_cast<int32_t*>(slots[in.dst.slot])[in.dst.offset] =
+      static_cast<int32_t>(static_cast<uint32_t>(v));  // wraps, as 32-bit hardware does
 }
 
 }  // namespace openneuron::nki

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
 
@@ -244,7 +245,7 @@ void check_nonzero(const Reader& r, const Program& p, const Instr& in) {
 Instr read_instr(Reader& r, Program& p) {
   Instr in;
   const int n_slots = static_cast<int>(p.slot_bytes.size());
-  in.kind = static_cast<Kind>(r.next_in(0, 8, "instruction kind"));
+  in.kind = static_cast<Kind>(r.next_in(0, 9, "instruction kind"));
   in.ndim = static_cast<int>(r.next_in(1, kMaxDims, "rank"));
   for (int d = 0; d < in.ndim; ++d) in.extent[d] = r.next_in(0, int64_t{1} << 40, "extent");
   in.nreduce = static_cast<int>(r.next_in(0, in.ndim, "reduced axes"));
@@ -333,6 +334,19 @@ Instr read_instr(Reader& r, Program& p) {
       r.fail("malformed branch");
     for (const Operand& o : in.src)
       if (o.type != Operand::kView) r.fail("malformed branch: an operand that is not a view");
+  } else if (in.kind == Kind::kScalar) {
+    in.sc_op = static_cast<Op>(r.next_in(0, n_ops, "scalar op"));
+    constexpr int64_t kWord = int64_t{1} << 32;
+    for (int64_t& c : in.sc_const) c = r.next_in(-kWord, kWord, "scalar constant");
+    static constexpr Op kOps[] = {
+        Op::k_copy,       Op::k_neg,     Op::k_add,           Op::k_subtract, Op::k_multiply,
+        Op::k_divide,     Op::k_mod,     Op::k_maximum,       Op::k_minimum,  Op::k_less,
+        Op::k_less_equal, Op::k_greater, Op::k_greater_equal, Op::k_equal,    Op::k_not_equal};
+    if (in.ndim != 1 || in.extent[0] != 1 || in.nreduce != 0 || in.accumulate ||
+        !in.steps.empty() || !in.preds.empty() || in.src.size() != 2 ||
+        in.dst.dtype != DType::k_int32 ||
+        std::find(std::begin(kOps), std::end(kOps), in.sc_op) == std::end(kOps))
+      r.fail("malformed scalar instruction");
   } else if (in.kind == Kind::kNonzero) {
     constexpr int64_t kReach = int64_t{1} << 40;
     in.nz_offset = r.next_in(-kReach, kReach, "nonzero index offset");
@@ -573,6 +587,9 @@ void run_one(const Program& p, const Instr& in, char* const* slots, bool paralle
       break;
     case Kind::kNonzero:
       run_nonzero(in, slots);
+      break;
+    case Kind::kScalar:
+      run_scalar(p, in, slots);
       break;
     case Kind::kSync:    // a phase boundary: run_phased moves its data
     case Kind::kBranch:  // run_groups / run_in_order follow it

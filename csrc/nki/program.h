@@ -81,7 +81,8 @@ enum class Kind : uint8_t {
   kIndirect = 5,
   kNonzero = 6,
   kSync = 7,
-  kBranch = 8
+  kBranch = 8,
+  kScalar = 9
 };
 
 // An operand: a strided view of a slot, a constant, or an iota (offset + sum stride*index, as a
@@ -170,6 +171,12 @@ constexpr int32_t kDynScalarOffset = 2;  // Instr::dyn_mode
 // do not jump). The parser checks that no jump crosses a sync point and that each target starts
 // a group of the schedule; a run stops with an error naming the line after kMaxBackJumps
 // backward jumps (a loop whose condition never ends it: the hardware would hang).
+// kScalar (nisa.scalar_load / scalar_store / scalar_alu, NkiScalar arithmetic): extent = {1};
+// dst (an int32 view) = sc_op(a, b) in int32 arithmetic that wraps (two's complement), a and b
+// being src[0] and src[1], each a one-element view read as an integer or a constant whose exact
+// value is sc_const[i]. copy and neg read a only; divide truncates toward zero and mod is the
+// remainder with a's sign (both an error naming the line when b is 0); the comparisons give 1
+// or 0.
 struct Instr {
   Kind kind = Kind::kElementwise;
   int ndim = 0;
@@ -195,14 +202,16 @@ struct Instr {
   bool ind_skip = false;   // kIndirect only: out-of-range rows skipped, not an error
   int64_t ind_scale = 0;   // kIndirect only
   int64_t ind_min = 0, ind_max = 0;
-  int64_t nz_offset = 0;   // kNonzero only
-  int64_t nz_pad = 0;      // kNonzero only
-  int32_t sync_send = -1;  // kSync only: the instance this one's src goes to (-1: a barrier)
-  int32_t sync_recv = -1;  // kSync only: the instance whose src this one's dst receives
-  int32_t br_cond = 0;     // kBranch only: kBrAlways, kBrExitGe, kBrExitZero or kBrStep
-  int32_t br_target = 0;   // kBranch only: the instruction it jumps to
-  int64_t br_step = 0;     // kBranch only (kBrStep): the counter's step
-  int32_t br_group = 0;    // kBranch in Program::rewritten: the schedule's group of br_target
+  int64_t nz_offset = 0;     // kNonzero only
+  int64_t nz_pad = 0;        // kNonzero only
+  int32_t sync_send = -1;    // kSync only: the instance this one's src goes to (-1: a barrier)
+  int32_t sync_recv = -1;    // kSync only: the instance whose src this one's dst receives
+  int32_t br_cond = 0;       // kBranch only: kBrAlways, kBrExitGe, kBrExitZero or kBrStep
+  int32_t br_target = 0;     // kBranch only: the instruction it jumps to
+  int64_t br_step = 0;       // kBranch only (kBrStep): the counter's step
+  int32_t br_group = 0;      // kBranch in Program::rewritten: the schedule's group of br_target
+  Op sc_op = Op::k_copy;     // kScalar only
+  int64_t sc_const[2] = {};  // kScalar only: the value of a constant operand
   // Set by rewrite_instance. kMatmul: the instruction after it, an elementwise `acc += dst`
   // (NKI's `acc += nl.matmul(...)`), runs in its store (`absorbs_next`), and its own
   // destination is not written when no instruction reads it before it is overwritten
@@ -326,5 +335,7 @@ bool branch_taken(const Instr& in, char* const* slots);
 constexpr int64_t kMaxBackJumps = int64_t{1} << 24;
 // Throws std::runtime_error naming the loop's line once *count passes kMaxBackJumps.
 void loop_guard(const Program& p, const Instr& in, int64_t* count);
+// Runs a kScalar instruction (throws std::runtime_error naming the line on a division by zero).
+void run_scalar(const Program& p, const Instr& in, char* const* slots);
 
 }  // namespace openneuron::nki

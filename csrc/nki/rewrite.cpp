@@ -73,10 +73,11 @@ bool plain_copy(const Instr& in) {
 // point, nonzero_with_count writes its count one past its box, and at a core barrier or
 // sendrecv other instances read and write: their operands' strides do not describe their
 // accesses, so no rewrite looks past one; nor past a branch, where the instructions run next are
-// not the ones that follow.
+// not the ones that follow, or a scalar instruction (the values a run-time offset reads).
 bool opaque_reads(const Instr& in) {
   return in.kind == Kind::kGather || in.kind == Kind::kDynamicCopy || in.kind == Kind::kIndirect ||
-         in.kind == Kind::kNonzero || in.kind == Kind::kSync || in.kind == Kind::kBranch;
+         in.kind == Kind::kNonzero || in.kind == Kind::kSync || in.kind == Kind::kBranch ||
+         in.kind == Kind::kScalar;
 }
 
 bool empty_box(const Instr& in) {

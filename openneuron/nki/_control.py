@@ -22,12 +22,12 @@ import numpy as np
 
 from openneuron.nki import _emit, _trace
 from openneuron.nki._emit import new_buffer
+from openneuron.nki._scalar import NkiScalar, _emit_scalar
 from openneuron.nki._tensor import NkiTensor
 from openneuron.nki._trace import KIND_BRANCH, Instr, Operand, fail
 
 _ALWAYS, _EXIT_GE, _EXIT_ZERO, _STEP = 0, 1, 2, 3
-# NOTE: a bound goes into its register through a float32 lane: exact up to 2^24
-_EXACT = 1 << 24
+_STEP_LIMIT = 1 << 24  # the executor's loop step (an immediate)
 
 
 def _register() -> NkiTensor:
@@ -39,23 +39,26 @@ def _operand(reg: NkiTensor) -> Operand:
     return Operand(0, reg._buf.dtype, reg._buf.id, reg.offset, [0])
 
 
+def _scalar_tile(name: str, what: str, v) -> NkiTensor:
+    if not isinstance(v, NkiTensor) or v.size != 1 or v._buf.kind != "sbuf" or \
+            not v._buf.dtype.startswith(("int", "uint")):
+        fail(f"{name}: {what} must be an int, an NkiScalar or a register (nisa.register_alloc, a "
+             f"1x1 integer SBUF tile), got {v!r}")
+    return v
+
+
 def _copied(name: str, what: str, v) -> NkiTensor:
-    """A new register holding v (an int, or a register / one-element integer SBUF tile) now."""
-    if isinstance(v, NkiTensor):
-        if v.size != 1 or v._buf.kind != "sbuf" or not v._buf.dtype.startswith(("int", "uint")):
-            fail(f"{name}: {what} must be an int or a register (nisa.register_alloc, a 1x1 "
-                 f"integer SBUF tile), got {v!r}")
-    elif isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        if abs(int(v)) > _EXACT:
-            fail(f"{name}: {what} {int(v)} is out of range: run-time loop bounds are exact up "
-                 f"to 2^24 ({_EXACT})")
+    """A new register holding v (an int, an NkiScalar or a register) now, exactly."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        if not -(1 << 31) <= int(v) < (1 << 31):
+            fail(f"{name}: {what} {int(v)} is out of range: loop bounds are int32")
         v = int(v)
+    elif not isinstance(v, NkiTensor):
+        fail(f"{name}: {what} must be an int, an NkiScalar or a register (nisa.register_alloc), "
+             f"got {type(v).__name__}")
     else:
-        fail(f"{name}: {what} must be an int or a register (nisa.register_alloc), got "
-             f"{type(v).__name__}")
-    r = _register()
-    _emit.copy_into(r, v)
-    return r
+        _scalar_tile(name, what, v)
+    return _emit_scalar(name, "copy", v, dst=_register())
 
 
 def _branch(cond: int, srcs=(), dst: NkiTensor | None = None, step: int = 0) -> Instr:
@@ -77,25 +80,29 @@ def _open(name: str) -> dict:
     return loop
 
 
-def _close(loop: dict):
-    """Ends it: its span recorded, the tiles it kept released."""
+def _close(loop: dict, repeats: bool = True):
+    """Ends it: a loop's span recorded (`repeats`; not for nl.if_else), the tiles it kept
+    released."""
     t = _trace.current()
     if t.loops[-1] is not loop:  # a loop inside this one was left
         _left(t, t.loops[-1])
     t.loops.pop()
-    t.loop_spans.append((loop["head"], len(t.instrs) - 1))
+    if repeats:
+        t.loop_spans.append((loop["head"], len(t.instrs) - 1))
     for buf in loop["deferred"]:
         t.free_tile(buf)  # to the loop around this one, if it too holds the tile
 
 
 def _counted(name, start, stop, step):
     if isinstance(step, NkiTensor) or not isinstance(step, (int, np.integer)) or \
-            isinstance(step, bool) or int(step) < 1 or int(step) > _EXACT:
+            isinstance(step, bool) or int(step) < 1 or int(step) > _STEP_LIMIT:
         fail(f"{name}: step must be a positive int known when the kernel is traced (the "
              f"hardware loop takes it as an immediate), got {step!r}")
     counter = _copied(name, "start", start)
     bound = _copied(name, "stop", stop)
-    i = _register()
+    # the loop value: a register when a bound is one (NKI's rule), else an NkiScalar
+    registers = any(type(v) is NkiTensor for v in (start, stop))
+    i = _register() if registers else NkiScalar(_register()._buf)
     loop = _open(name)
     head = _branch(_EXIT_GE, (counter, bound), dst=i)
     yield i
@@ -139,18 +146,48 @@ def while_loop(init, body_fun, **_):
             not nxt._buf.dtype.startswith(("int", "uint")):
         fail(f"nl.while_loop: body_fun must return the register holding the next condition "
              f"(nisa.register_alloc / register_load), got {nxt!r}")
-    _emit.copy_into(cond, nxt)
+    _emit_scalar("nl.while_loop", "copy", nxt, dst=cond)
     back = _branch(_ALWAYS)
     back.target = (head, 0)
     head.target = (back, 1)
     _close(loop)
 
 
+def if_else(cond, then_fn, else_fn=None, **_):
+    """then_fn() when cond is nonzero, else else_fn() (if given), chosen when the kernel runs:
+    cond an NkiScalar (a comparison of scalars, nisa.scalar_load) or a register; a Python
+    bool or int chooses now (only that callback is traced)."""
+    for what, fn in (("then_fn", then_fn), ("else_fn", else_fn)):
+        if fn is not None and not callable(fn):
+            fail(f"nl.if_else: {what} must be callable, got {type(fn).__name__}")
+    if not isinstance(cond, NkiTensor):
+        if not isinstance(cond, (bool, int, np.integer)):
+            fail(f"nl.if_else: cond must be an NkiScalar, a register or a Python bool / int, got "
+                 f"{type(cond).__name__}")
+        if cond:
+            then_fn()
+        elif else_fn is not None:
+            else_fn()
+        return
+    flag = _scalar_tile("nl.if_else", "cond", cond)
+    branch = _open("nl.if_else")
+    skip = _branch(_EXIT_ZERO, (flag,))
+    then_fn()
+    over = _branch(_ALWAYS)
+    if else_fn is not None:
+        else_fn()
+    end = _branch(_ALWAYS)  # to the next instruction: the place `over` jumps past
+    skip.target = (over, 1)
+    over.target = (end, 0)
+    end.target = (end, 1)
+    _close(branch, repeats=False)
+
+
 def _left(t, loop):
     raise _trace.NkiError(
         f"{loop['line']}: in kernel '{t.kernel_name}': the body of {loop['name']} was left by "
-        f"break or return: a run-time loop's body is traced once and runs whole each "
-        f"iteration; to end a loop early, use nl.while_loop with a condition register")
+        f"break, return or an exception: a run-time loop's body is traced once and runs whole "
+        f"each iteration; to end a loop early, use nl.while_loop with a condition register")
 
 
 def check_closed(t):

@@ -144,7 +144,10 @@ def _touch_read(buf: Buffer):
 
 def _touch_write(buf: Buffer, full: bool):
     if buf.state == "uninit":
-        if not full:
+        # a tile from before a run-time loop or nl.if_else, written inside it, is still
+        # unwritten where the body does not run (a zero trip count, the other branch)
+        loops = buf.trace.loops if buf.trace is not None else ()
+        if not full or (loops and getattr(buf, "alloc_at", 0) < loops[-1]["head"]):
             buf.fill.enabled = True
         buf.state = "init"
 

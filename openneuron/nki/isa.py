@@ -768,3 +768,4 @@ from openneuron.nki._random import (  # noqa: F401
     rng,
     set_rng_seed,
 )
+from openneuron.nki._scalar import NkiScalar, scalar_alu, scalar_load, scalar_store  # noqa: F401

@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from openneuron.nki import _emit, _trace
-from openneuron.nki._control import dynamic_range, fori_loop, while_loop  # noqa: F401
+from openneuron.nki._control import dynamic_range, fori_loop, if_else, while_loop  # noqa: F401
 from openneuron.nki._emit import Expr, broadcast_shape, emit, new_buffer, reduce_into
 from openneuron.nki._tensor import (  # noqa: F401  (the public names)
     BFLOAT16,

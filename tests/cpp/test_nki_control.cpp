@@ -1,11 +1,13 @@
 // The NKI executor's run-time loops (program.h kBranch, control.cpp): a counted loop over a
 // trip count read from an input, the same run instruction by instruction (aliasing arguments),
-// the parse-time rules and the guard against a loop that never ends.
+// the parse-time rules and the guard against a loop that never ends; and the integer scalar
+// instruction (kScalar) their bounds and offsets come from.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nki/program.h"
@@ -127,6 +129,49 @@ TEST(NkiControl, ALoopThatNeverEndsStopsWithAnErrorNamingItsLine) {
   } catch (const std::runtime_error& ex) {
     EXPECT_NE(std::string(ex.what()).find("kernel.py:7: in kernel 'test': a run-time loop has "
                                           "gone round 16777216 times"),
+              std::string::npos)
+        << ex.what();
+  }
+}
+
+// out[k] = op_k(n, c_k) by the integer scalar instruction (n an int32 input, c_k a constant).
+std::vector<int32_t> scalar_ops(int32_t n, const std::vector<std::pair<Op, int64_t>>& ops) {
+  const int64_t k = static_cast<int64_t>(ops.size());
+  Encoder e({kF * 4, k * 4, 4, 64});
+  e.w.insert(e.w.end(), {1, k});
+  for (int64_t i = 0; i < k; ++i) {
+    e.header(9, {1}, 0, kAdd, false, 0);
+    e.operand(0, 1, i, {0}, 0, DType::k_int32);
+    e.w.push_back(2);
+    e.operand(0, 2, 0, {0}, 0, DType::k_int32);
+    e.operand(1, 0, 0, {0});
+    e.w.insert(e.w.end(), {0, 0, static_cast<int64_t>(ops[static_cast<size_t>(i)].first), 0,
+                           ops[static_cast<size_t>(i)].second});
+  }
+  auto p = e.parse({"kernel.py:9"});
+  std::vector<float> x(kF);
+  std::vector<int32_t> out(static_cast<size_t>(k), -1);
+  void* slots[] = {x.data(), out.data(), &n, nullptr};
+  program_run(*p, slots);
+  return out;
+}
+
+TEST(NkiControl, IntegerScalarsWrapTruncateAndCompareExactly) {
+  const std::vector<std::pair<Op, int64_t>> ops = {
+      {Op::k_multiply, 100000}, {Op::k_divide, 4},  {Op::k_mod, 4},          {Op::k_add, 1},
+      {Op::k_subtract, 3},      {Op::k_less, 0},    {Op::k_maximum, 7},      {Op::k_copy, 0},
+      {Op::k_neg, 0},           {Op::k_equal, -17}, {Op::k_greater_equal, 5}};
+  EXPECT_EQ(scalar_ops(100000, ops), std::vector<int32_t>({1410065408, 25000, 0, 100001, 99997, 0,
+                                                           100000, 100000, -100000, 0, 1}));
+  EXPECT_EQ(scalar_ops(-17, ops),
+            std::vector<int32_t>({-1700000, -4, -1, -16, -20, 1, 7, -17, 17, 1, 0}));
+  EXPECT_EQ(scalar_ops(INT32_MAX, {{Op::k_add, 1}}), std::vector<int32_t>({INT32_MIN}));
+  try {
+    scalar_ops(5, {{Op::k_divide, 0}});
+    FAIL() << "no error";
+  } catch (const std::runtime_error& ex) {
+    EXPECT_NE(std::string(ex.what()).find("kernel.py:9: in kernel 'test': integer scalar division "
+                                          "by zero (5 / 0)"),
               std::string::npos)
         << ex.what();
   }

@@ -227,7 +227,7 @@ def test_break_out_of_a_run_time_loop_is_an_error_naming_the_loop():
         return out
 
     msg = _error(k, rand(4, 4), count(2))
-    assert "test_nki_control.py" in msg and "nl.dynamic_range was left by break or return" in msg
+    assert "test_nki_control.py" in msg and "nl.dynamic_range was left by break, return" in msg
 
 
 def test_bad_bounds_and_steps_are_errors():
@@ -243,9 +243,8 @@ def test_bad_bounds_and_steps_are_errors():
     assert "step must be a positive int known when the kernel is traced" in _error(k, x, n, None,
                                                                                     None)
     assert "step must be a positive int" in _error(k, x, n, 0, None)
-    assert "stop 33554432 is out of range: run-time loop bounds are exact up to 2^24" in \
-        _error(k, x, n, 1, 1 << 25)
-    assert "stop must be an int or a register" in _error(k, x, n, 1, 2.5)
+    assert "stop 2147483648 is out of range: loop bounds are int32" in _error(k, x, n, 1, 1 << 31)
+    assert "stop must be an int, an NkiScalar or a register" in _error(k, x, n, 1, 2.5)
 
 
 def test_a_register_is_not_a_python_bool():
@@ -297,3 +296,149 @@ def test_a_loop_that_never_ends_is_stopped_with_an_error():
     with pytest.raises(RuntimeError, match="test_nki_control.py.*a run-time loop has gone round "
                                            "16777216 times"):
         k(np.ones((4, 4), np.float32), count(1))
+
+
+# --- NkiScalar and nl.if_else ----------------------------------------------------------------
+
+def _wrap32(v):
+    return (v + (1 << 31)) % (1 << 32) - (1 << 31)
+
+
+def _trunc_div(a, b):
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+SCALAR_EXPRS = {  # name: (traced on a scalar i, Python on an int)
+    "i*4+1": (lambda i: i * 4 + 1, lambda v: _wrap32(v * 4 + 1)),
+    "i//4": (lambda i: i // 4, lambda v: _trunc_div(v, 4)),
+    "i%4": (lambda i: i % 4, lambda v: v - _trunc_div(v, 4) * 4),
+    "-i": (lambda i: -i, lambda v: _wrap32(-v)),
+    "100000*i": (lambda i: 100000 * i, lambda v: _wrap32(100000 * v)),
+    "i<3": (lambda i: i < 3, lambda v: int(v < 3)),
+    "i==-17": (lambda i: i == -17, lambda v: int(v == -17)),
+    "i!=2": (lambda i: i != 2, lambda v: int(v != 2)),
+    "max(i,7)": (lambda i: nisa.scalar_alu(i, 7, op=nl.maximum), lambda v: max(v, 7)),
+    "min(i,7)": (lambda i: nisa.scalar_alu(i, 7, op=nl.minimum), lambda v: min(v, 7)),
+    "7-i": (lambda i: 7 - i, lambda v: 7 - v),
+    "fmod": (lambda i: nisa.scalar_alu(i, -3, op=nl.fmod), lambda v: v - _trunc_div(v, -3) * -3),
+    "-17/i": (lambda i: -17 / i, lambda v: _trunc_div(-17, v)),
+}
+
+
+@nki.jit
+def scalar_values(index, exprs):
+    tile = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=index)
+    i = nisa.scalar_load(tile)
+    out = nl.ndarray((1, len(exprs)), dtype=nl.int32, buffer=nl.shared_hbm)
+    for k, name in enumerate(exprs):
+        nisa.scalar_store(out[0:1, k:k + 1], SCALAR_EXPRS[name][0](i))
+    return out
+
+
+@pytest.mark.parametrize("v", [5, -17, 2, 100000, 2**31 - 1])
+def test_scalar_arithmetic_is_int32_that_wraps(v):
+    names = tuple(SCALAR_EXPRS)
+    got = scalar_values(count(v), names)
+    want = [SCALAR_EXPRS[n][1](v) for n in names]
+    assert got[0].tolist() == want, dict(zip(names, zip(got[0].tolist(), want)))
+
+
+def test_scalar_alu_on_two_ints_is_evaluated_when_traced():
+    assert nisa.scalar_alu(-17, 4, op=nl.divide) == -4
+    assert nisa.scalar_alu(-17, 4, op=nl.fmod) == -1
+    assert nisa.scalar_alu(3, 4, op=nl.less) is True
+
+
+@pytest.mark.parametrize("flag", [1, 0, -5])
+def test_if_else_chooses_when_the_kernel_runs(flag):
+    """The documentation's example (then: + 10, else: * 2), a one-branch form and a static
+    condition; the tile the taken branch does not write reads as NaN (uninitialized)."""
+    @nki.jit
+    def k(f, data):
+        f_sb = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=f_sb, src=f)
+        cond = nisa.scalar_load(f_sb) > 0
+        result = nl.ndarray(data.shape, dtype=data.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=result, src=data)
+        only_then = nl.ndarray(data.shape, dtype=data.dtype, buffer=nl.sbuf)
+
+        def then_branch():
+            nisa.tensor_scalar(result, result, op0=nl.add, operand0=10.0)
+            nisa.memset(dst=only_then, value=1.0)
+
+        def else_branch():
+            nisa.tensor_scalar(result, result, op0=nl.multiply, operand0=2.0)
+
+        nl.if_else(cond, then_branch, else_branch)
+        nl.if_else(f_sb, lambda: nisa.tensor_scalar(result, result, op0=nl.add, operand0=0.5))
+        nl.if_else(False, lambda: nisa.memset(dst=result, value=-1.0))
+        out = nl.ndarray((2,) + data.shape, dtype=data.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out[0], src=result)
+        nisa.dma_copy(dst=out[1], src=only_then)
+        return out
+
+    d = rand(4, 8)
+    got = k(count(flag), d)
+    want = (d + 10.0 if flag > 0 else d * 2.0) + (0.5 if flag != 0 else 0.0)
+    np.testing.assert_allclose(got[0], want, rtol=1e-6)
+    if flag > 0:
+        np.testing.assert_array_equal(got[1], np.ones_like(d))
+    else:
+        assert np.isnan(got[1]).all()
+
+
+def test_fori_loop_value_is_a_scalar_for_arithmetic_offsets():
+    """With int / NkiScalar bounds the loop value is an NkiScalar: `i * 32` as the row offset
+    of an access pattern; the upper bound a scalar expression (n - 1)."""
+    @nki.jit
+    def k(x, n):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        for r in range(x.shape[0] // 32):
+            nl.store(out[r * 32:(r + 1) * 32, :], nl.zeros((32, 16), dtype=x.dtype, buffer=nl.sbuf))
+        n_sb = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=n_sb, src=n)
+        upper = nisa.scalar_load(n_sb) - 1
+
+        def body(i):
+            assert isinstance(i, nisa.NkiScalar)
+            pat = [[16, 32], [1, 16]]
+            t = nl.ndarray((32, 16), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=x.ap(pat, 0, scalar_offset=i * 32, indirect_dim=0))
+            nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=-1.0)
+            nisa.dma_copy(dst=out.ap(pat, 0, scalar_offset=i * 32, indirect_dim=0), src=t)
+
+        nl.fori_loop(0, upper, body)
+        return out
+
+    x = rand(128, 16)
+    want = np.zeros_like(x)
+    want[:64] = -x[:64]
+    np.testing.assert_array_equal(k(x, count(3)), want)
+
+
+def test_scalar_misuse_is_an_error():
+    def kernel(body):
+        @nki.jit
+        def k(n):
+            t = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=n)
+            body(t)
+            out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
+            nisa.dma_copy(dst=out, src=t)
+            return out
+        return k
+
+    n = count(3)
+    assert "is not known while the kernel is traced" in _error(
+        kernel(lambda t: range(int(nisa.scalar_load(t)))), n)
+    assert "value must be an NkiScalar" in _error(
+        kernel(lambda t: nisa.scalar_store(t, 5)), n)
+    assert "not a scalar operation" in _error(
+        kernel(lambda t: nisa.scalar_alu(nisa.scalar_load(t), 2, op=nl.exp)), n)
+    assert "cannot be a Python bool" in _error(
+        kernel(lambda t: bool(nisa.scalar_load(t) > 2)), n)
+    with pytest.raises(RuntimeError, match="test_nki_control.py.*integer scalar division by "
+                                           "zero \\(7 / 0\\)"):
+        kernel(lambda t: nisa.scalar_store(t, 7 // (nisa.scalar_load(t) - 3)))(n)
