@@ -32,9 +32,6 @@ void find_branches(Program& p) {
     const std::vector<Instr>& instrs = p.instances[g];
     const std::vector<Group>& groups = p.schedules[g];
     const size_t n = instrs.size();
-    std::vector<size_t> syncs;
-    for (size_t i = 0; i < n; ++i)
-      if (instrs[i].kind == Kind::kSync) syncs.push_back(i);
     for (size_t i = 0; i < n; ++i) {
       const Instr& in = instrs[i];
       if (in.kind != Kind::kBranch) continue;
@@ -43,14 +40,6 @@ void find_branches(Program& p) {
       };
       const auto to = static_cast<size_t>(in.br_target);
       if (to > n) fail("branch target " + std::to_string(to) + " past the program's end");
-      // A loop's instructions are those between its branch and the target, either way.
-      const size_t lo = std::min(i, to), hi = std::max(i, to);
-      for (size_t s : syncs)
-        if (s >= lo && s < hi)
-          fail(
-              "a core barrier or sendrecv inside a run-time loop (nl.dynamic_range / "
-              "nl.fori_loop / nl.while_loop) is not supported: every NeuronCore of the launch "
-              "must reach its sync points the same number of times; move it out of the loop");
       // The target starts a group: no group straddles it (the tracer puts a branch before it or
       // a branch at it, and a branch is a group of its own).
       size_t k = 0;

@@ -623,14 +623,15 @@ void run_group(const Program& p, const std::vector<Instr>& instrs, const Group& 
     rows(0, g.rows);
 }
 
-// Groups [lo, hi) of an instance's schedule, following its branches (find_branches keeps
-// every jump inside a phase).
-void run_groups(const Program& p, const std::vector<Instr>& instrs,
-                const std::vector<Group>& groups, size_t lo, size_t hi, char* const* slots,
-                bool parallel, uint64_t seed) {
-  int64_t back = 0;
-  for (size_t k = lo; k < hi;) {
+// An instance's schedule from group k on, following its branches, up to its next sync point
+// (returns that group's index; a phased run moves its data) or the end (returns the group
+// count). *back counts the backward jumps of the whole run (loop_guard).
+size_t run_groups(const Program& p, const std::vector<Instr>& instrs,
+                  const std::vector<Group>& groups, size_t k, char* const* slots, bool parallel,
+                  uint64_t seed, int64_t* back) {
+  while (k < groups.size()) {
     const Instr& first = instrs[static_cast<size_t>(groups[k].begin)];
+    if (first.kind == Kind::kSync) return k;
     if (first.kind != Kind::kBranch) {
       run_group(p, instrs, groups[k], slots, parallel, seed);
       ++k;
@@ -638,18 +639,19 @@ void run_groups(const Program& p, const std::vector<Instr>& instrs,
       ++k;
     } else {
       const auto to = static_cast<size_t>(first.br_group);
-      if (to <= k) loop_guard(p, first, &back);
+      if (to <= k) loop_guard(p, first, back);
       k = to;
     }
   }
+  return k;
 }
 
-// Instructions [lo, hi) as written (aliasing slots), following their branches.
-void run_in_order(const Program& p, const std::vector<Instr>& instrs, size_t lo, size_t hi,
-                  char* const* slots, bool parallel, uint64_t seed) {
-  int64_t back = 0;
-  for (size_t i = lo; i < hi;) {
+// The same instruction by instruction, as written (aliasing slots).
+size_t run_in_order(const Program& p, const std::vector<Instr>& instrs, size_t i,
+                    char* const* slots, bool parallel, uint64_t seed, int64_t* back) {
+  while (i < instrs.size()) {
     const Instr& in = instrs[i];
+    if (in.kind == Kind::kSync) return i;
     if (in.kind != Kind::kBranch) {
       run_one(p, in, slots, parallel, seed);
       ++i;
@@ -657,30 +659,27 @@ void run_in_order(const Program& p, const std::vector<Instr>& instrs, size_t lo,
       ++i;
     } else {
       const auto to = static_cast<size_t>(in.br_target);
-      if (to <= i) loop_guard(p, in, &back);
+      if (to <= i) loop_guard(p, in, back);
       i = to;
     }
   }
+  return i;
 }
 
-// Instance g's phase k: what it runs between its sync points k - 1 and k (as written with
-// in_order, else its schedule's groups).
-void run_phase(const Program& p, size_t g, size_t k, char* const* slots, bool parallel,
-               bool in_order, uint64_t seed) {
-  const std::vector<int32_t>& at = in_order ? p.sync_instrs[g] : p.sync_groups[g];
-  const size_t total = in_order ? p.instances[g].size() : p.schedules[g].size();
-  const size_t lo = k == 0 ? 0 : static_cast<size_t>(at[k - 1]) + 1;
-  const size_t hi = k < at.size() ? static_cast<size_t>(at[k]) : total;
-  if (in_order)
-    run_in_order(p, p.instances[g], lo, hi, slots, parallel, seed);
-  else
-    run_groups(p, p.rewritten[g], p.schedules[g], lo, hi, slots, parallel, seed);
+// Instance g from position `at` (a group, or an instruction with in_order) to its next sync
+// point or its end; returns where it stopped.
+size_t run_phase(const Program& p, size_t g, size_t at, char* const* slots, bool parallel,
+                 bool in_order, uint64_t seed, int64_t* back) {
+  if (in_order) return run_in_order(p, p.instances[g], at, slots, parallel, seed, back);
+  return run_groups(p, p.rewritten[g], p.schedules[g], at, slots, parallel, seed, back);
 }
 
 // A program with core barriers or sendrecvs: instances run phase by phase (all of them up to
-// their next sync point, in parallel, then that point's data moved), each with an arena of its
-// own that lives across the phases (per calling thread; the first kKeptArenas reused across
-// runs, the rest freed when the run ends).
+// their next sync point, in parallel; then the sync points they reached are checked against
+// each other (sync_step_error) and their data moved), each with an arena of its own that lives
+// across the phases (per calling thread; the first kKeptArenas reused across runs, the rest
+// freed when the run ends). With run-time loops, the points each instance reaches are known
+// only as it runs.
 constexpr size_t kKeptArenas = 4;
 
 void run_phased(const Program& p, void* const* slots, bool in_order, uint64_t seed) {
@@ -700,19 +699,21 @@ void run_phased(const Program& p, void* const* slots, bool in_order, uint64_t se
     if (n > 1 || local[g][n_slots - 1] == nullptr)
       local[g][n_slots - 1] = arenas[g].get(p.slot_bytes.back());
   }
-  const size_t points = p.sync_instrs[0].size();
-  for (size_t k = 0; k <= points; ++k) {
+  std::vector<size_t> pos(n, 0);
+  std::vector<int64_t> back(n, 0);
+  std::vector<const Instr*> reached(n);
+  for (;;) {
     if (n == 1) {
-      run_phase(p, 0, k, local[0].data(), true, in_order, seed);
+      pos[0] = run_phase(p, 0, pos[0], local[0].data(), true, in_order, seed, &back[0]);
     } else {
       std::atomic<bool> failed{false};
       std::string error;
       std::atomic_flag error_taken = ATOMIC_FLAG_INIT;
       runtime::parallel_for(0, static_cast<int64_t>(n), 1, [&](int64_t b, int64_t e) {
         for (int64_t g = b; g < e && !failed.load(std::memory_order_relaxed); ++g) {
+          const auto i = static_cast<size_t>(g);
           try {
-            run_phase(p, static_cast<size_t>(g), k, local[static_cast<size_t>(g)].data(), false,
-                      in_order, seed);
+            pos[i] = run_phase(p, i, pos[i], local[i].data(), false, in_order, seed, &back[i]);
           } catch (const std::exception& ex) {
             if (!error_taken.test_and_set()) error = ex.what();
             failed.store(true);
@@ -721,7 +722,18 @@ void run_phased(const Program& p, void* const* slots, bool in_order, uint64_t se
       });
       if (failed.load()) throw std::runtime_error(error);
     }
-    if (k < points) run_sync(p, k, local);
+    for (size_t g = 0; g < n; ++g) {
+      const std::vector<Instr>& instrs = in_order ? p.instances[g] : p.rewritten[g];
+      const size_t end = in_order ? instrs.size() : p.schedules[g].size();
+      reached[g] = pos[g] == end ? nullptr
+                   : in_order    ? &instrs[pos[g]]
+                                 : &instrs[static_cast<size_t>(p.schedules[g][pos[g]].begin)];
+    }
+    const std::string error = sync_step_error(p, reached);
+    if (!error.empty()) throw std::runtime_error(error);
+    if (reached[0] == nullptr) return;  // all at their end
+    run_sync(p, reached, local);
+    for (size_t& at : pos) ++at;
   }
 }
 
@@ -732,11 +744,8 @@ void run_instance(const Program& p, size_t instance, void* const* slots, bool pa
   char* local[64];
   for (size_t i = 0; i < n_slots; ++i) local[i] = static_cast<char*>(slots[i]);
   if (local[n_slots - 1] == nullptr) local[n_slots - 1] = thread_arena(p.slot_bytes.back());
-  if (in_order)
-    run_in_order(p, p.instances[instance], 0, p.instances[instance].size(), local, parallel, seed);
-  else
-    run_groups(p, p.rewritten[instance], p.schedules[instance], 0, p.schedules[instance].size(),
-               local, parallel, seed);
+  int64_t back = 0;
+  run_phase(p, instance, 0, local, parallel, in_order, seed, &back);
 }
 
 }  // namespace
@@ -778,7 +787,7 @@ void program_run(const Program& p, void* const* slots) {
 void program_run(const Program& p, void* const* slots, uint64_t seed) {
   const int64_t n = static_cast<int64_t>(p.instances.size());
   const bool in_order = slots_overlap(p, slots);
-  if (!p.sync_instrs[0].empty()) {
+  if (p.has_sync) {
     run_phased(p, slots, in_order, seed);
     return;
   }

@@ -251,10 +251,7 @@ struct Program {
   std::vector<std::vector<Instr>> instances;  // one instruction list per grid instance
   std::vector<std::vector<Instr>> rewritten;  // the same after rewrite_instance
   std::vector<std::vector<Group>> schedules;  // per instance: `rewritten` in groups
-  // Per instance, the positions of its kSync instructions in `schedules` (each a group of its
-  // own) and in `instances`; every instance has the same number of them.
-  std::vector<std::vector<int32_t>> sync_groups;
-  std::vector<std::vector<int32_t>> sync_instrs;
+  bool has_sync = false;                      // some instance has a kSync: runs go phase by phase
   int64_t n_instrs = 0;
   // Whether some step draws from the launch's seed (launch_random): a launch then
   // takes its seed from the caller's generator (program_run with a seed).
@@ -320,13 +317,19 @@ void run_dynamic_copy(const Instr& in, char* const* slots, const Program& p, boo
                       uint64_t seed);
 void run_indirect(const Instr& in, char* const* slots, const Program& p, uint64_t seed);
 void run_nonzero(const Instr& in, char* const* slots);
-// sync.cpp. Sets Program::sync_groups / sync_instrs and checks the rules of phased runs
-// (throws std::invalid_argument naming the kernel line).
+// sync.cpp. Sets Program::has_sync; without run-time loops, checks the rules of phased runs for
+// every instance's k-th sync point (throws std::invalid_argument naming the kernel line).
 void find_sync_points(Program& p);
-// The data of every instance's k-th sync point once all reached it; slots[g]: instance g's.
-void run_sync(const Program& p, size_t k, const std::vector<std::vector<char*>>& slots);
-// control.cpp. Checks every kBranch of every instance (targets in range, starting a group, no
-// sync point jumped over or looped around) and sets br_group (throws std::invalid_argument
+// The sync points the instances reached together (at[g]: instance g's, nullptr where it
+// ended): empty when they may proceed (all ended, or all at points that match: barrier for
+// barrier, each sendrecv's peer naming it back over the same shape), else the error naming the
+// line (on the hardware the launch would hang).
+std::string sync_step_error(const Program& p, const std::vector<const Instr*>& at);
+// Moves the data of those sync points; slots[g]: instance g's.
+void run_sync(const Program& p, const std::vector<const Instr*>& at,
+              const std::vector<std::vector<char*>>& slots);
+// control.cpp. Checks every kBranch of every instance (targets in range, starting a group) and
+// sets br_group (throws std::invalid_argument
 // naming the kernel line).
 void find_branches(Program& p);
 // Whether branch `in` jumps (stepping a kBrLoop's counter), reading its operands in slots.

@@ -13,80 +13,104 @@
 
 namespace openneuron::nki {
 
-// Program::sync_groups / sync_instrs, and the rules that let instances run phase by phase:
-// every instance reaches the same number of sync points, the k-th one of each is a barrier in
-// all of them or a sendrecv in all of them, and each sendrecv's peer names it back over a box of
-// the same shape.
+namespace {
+
+std::string where(const Program& p, const Instr& at) {
+  return (at.line >= 0 && static_cast<size_t>(at.line) < p.lines.size()
+              ? p.lines[static_cast<size_t>(at.line)]
+              : std::string("<unknown>")) +
+         ": in kernel '" + p.name + "': ";
+}
+
+bool has_branches(const Program& p) {
+  for (const std::vector<Instr>& instrs : p.instances)
+    for (const Instr& in : instrs)
+      if (in.kind == Kind::kBranch) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string sync_step_error(const Program& p, const std::vector<const Instr*>& at) {
+  const size_t n = at.size();
+  size_t ended = 0;
+  for (const Instr* in : at) ended += in == nullptr ? 1 : 0;
+  if (ended == n) return {};
+  if (ended > 0) {
+    size_t g = 0, h = 0;
+    while (at[g] != nullptr) ++g;  // ended
+    while (at[h] == nullptr) ++h;  // waits
+    return where(p, *at[h]) + "instance " + std::to_string(h) + " reaches a " +
+           (at[h]->sync_send < 0 ? "core barrier" : "sendrecv") + " that instance " +
+           std::to_string(g) +
+           " never reaches (it ended); every NeuronCore of a launch must reach the same core "
+           "barriers / sendrecvs, in the same order (on the hardware the others would wait "
+           "forever)";
+  }
+  const bool barrier = at[0]->sync_send < 0;
+  for (size_t g = 0; g < n; ++g) {
+    const Instr& in = *at[g];
+    if ((in.sync_send < 0) != barrier)
+      return where(p, in) + "instance " + std::to_string(g) + " reaches a " +
+             (barrier ? "sendrecv" : "core barrier") + " where instance 0 reaches a " +
+             (barrier ? "core barrier" : "sendrecv");
+    if (barrier) continue;
+    const auto peer = static_cast<size_t>(in.sync_recv);
+    if (peer >= n || static_cast<size_t>(in.sync_send) >= n)
+      return where(p, in) + "sendrecv between instance " + std::to_string(g) + " and rank " +
+             std::to_string(peer >= n ? in.sync_recv : in.sync_send) + " of a launch of " +
+             std::to_string(n);
+    const Instr& from = *at[peer];
+    if (static_cast<size_t>(from.sync_send) != g)
+      return where(p, in) + "sendrecv: instance " + std::to_string(g) + " receives from rank " +
+             std::to_string(peer) + ", which sends to rank " + std::to_string(from.sync_send);
+    if (from.extent[0] != in.extent[0] || from.extent[1] != in.extent[1])
+      return where(p, in) + "sendrecv: instance " + std::to_string(g) + " receives [" +
+             std::to_string(in.extent[0]) + ", " + std::to_string(in.extent[1]) + "] from rank " +
+             std::to_string(peer) + ", which sends [" + std::to_string(from.extent[0]) + ", " +
+             std::to_string(from.extent[1]) + "]";
+  }
+  return {};
+}
+
+// Without run-time loops every instance's sync points are known when parsed: the rules of
+// sync_step_error hold for each k-th point of every instance, and the count is the same.
 void find_sync_points(Program& p) {
   const size_t n = p.instances.size();
-  auto fail = [&](const Instr& at, const std::string& what) {
-    const std::string line =
-        at.line >= 0 ? p.lines[static_cast<size_t>(at.line)] : std::string("<unknown>");
-    throw std::invalid_argument(line + ": in kernel '" + p.name + "': " + what);
-  };
-  for (size_t g = 0; g < n; ++g) {
-    p.sync_groups.emplace_back();
-    p.sync_instrs.emplace_back();
-    const std::vector<Group>& sched = p.schedules[g];
-    for (size_t k = 0; k < sched.size(); ++k)
-      if (p.rewritten[g][static_cast<size_t>(sched[k].begin)].kind == Kind::kSync)
-        p.sync_groups[g].push_back(static_cast<int32_t>(k));
-    for (size_t i = 0; i < p.instances[g].size(); ++i)
-      if (p.instances[g][i].kind == Kind::kSync)
-        p.sync_instrs[g].push_back(static_cast<int32_t>(i));
-  }
-  const size_t points = p.sync_instrs[0].size();
+  std::vector<std::vector<const Instr*>> points(n);
+  for (size_t g = 0; g < n; ++g)
+    for (const Instr& in : p.instances[g])
+      if (in.kind == Kind::kSync) points[g].push_back(&in);
+  for (size_t g = 0; g < n; ++g) p.has_sync = p.has_sync || !points[g].empty();
+  if (!p.has_sync || has_branches(p)) return;  // with loops: checked as they run
+  const size_t count = points[0].size();
   for (size_t g = 1; g < n; ++g)
-    if (p.sync_instrs[g].size() != points) {
-      const size_t extra = std::min(points, p.sync_instrs[g].size());
-      const Instr& at = p.sync_instrs[g].size() > points
-                            ? p.instances[g][static_cast<size_t>(p.sync_instrs[g][extra])]
-                            : p.instances[0][static_cast<size_t>(p.sync_instrs[0][extra])];
-      fail(at, "instance " + std::to_string(g) + " reaches " +
-                   std::to_string(p.sync_instrs[g].size()) +
-                   " core barriers / sendrecvs and instance 0 " + std::to_string(points) +
-                   "; every NeuronCore of a launch must reach the same ones, in the same order "
-                   "(on the hardware the others would wait forever)");
+    if (points[g].size() != count) {
+      const size_t extra = std::min(count, points[g].size());
+      const Instr& at = points[g].size() > count ? *points[g][extra] : *points[0][extra];
+      throw std::invalid_argument(
+          where(p, at) + "instance " + std::to_string(g) + " reaches " +
+          std::to_string(points[g].size()) + " core barriers / sendrecvs and instance 0 " +
+          std::to_string(count) +
+          "; every NeuronCore of a launch must reach the same ones, in the same order (on the "
+          "hardware the others would wait forever)");
     }
-  for (size_t k = 0; k < points; ++k) {
-    auto sync = [&](size_t g) -> const Instr& {
-      return p.instances[g][static_cast<size_t>(p.sync_instrs[g][k])];
-    };
-    const bool barrier = sync(0).sync_send < 0;
-    for (size_t g = 0; g < n; ++g) {
-      const Instr& in = sync(g);
-      if ((in.sync_send < 0) != barrier)
-        fail(in, "instance " + std::to_string(g) + " reaches a " +
-                     (barrier ? "sendrecv" : "core barrier") + " where instance 0 reaches a " +
-                     (barrier ? "core barrier" : "sendrecv"));
-      if (barrier) continue;
-      const auto peer = static_cast<size_t>(in.sync_recv);
-      if (peer >= n || static_cast<size_t>(in.sync_send) >= n)
-        fail(in, "sendrecv between instance " + std::to_string(g) + " and rank " +
-                     std::to_string(peer >= n ? in.sync_recv : in.sync_send) + " of a launch of " +
-                     std::to_string(n));
-      const Instr& from = sync(peer);
-      if (static_cast<size_t>(from.sync_send) != g)
-        fail(in, "sendrecv: instance " + std::to_string(g) + " receives from rank " +
-                     std::to_string(peer) + ", which sends to rank " +
-                     std::to_string(from.sync_send));
-      if (from.extent[0] != in.extent[0] || from.extent[1] != in.extent[1])
-        fail(in, "sendrecv: instance " + std::to_string(g) + " receives [" +
-                     std::to_string(in.extent[0]) + ", " + std::to_string(in.extent[1]) +
-                     "] from rank " + std::to_string(peer) + ", which sends [" +
-                     std::to_string(from.extent[0]) + ", " + std::to_string(from.extent[1]) + "]");
-    }
+  std::vector<const Instr*> at(n);
+  for (size_t k = 0; k < count; ++k) {
+    for (size_t g = 0; g < n; ++g) at[g] = points[g][k];
+    const std::string error = sync_step_error(p, at);
+    if (!error.empty()) throw std::invalid_argument(error);
   }
 }
 
-// The data of every instance's k-th sync point once all reached it: each sendrecv's source
-// read first (into a staging copy, in its dtype), then written into its receiver's dst
+// The data of the sync points the instances reached (at[g]: instance g's): each sendrecv's
+// source read first (into a staging copy, in its dtype), then written into its receiver's dst
 // (converted when the dtypes differ), so an exchange through shared HBM reads the old values.
-void run_sync(const Program& p, size_t k, const std::vector<std::vector<char*>>& slots) {
-  const size_t n = p.instances.size();
-  auto sync = [&](size_t g) -> const Instr& {
-    return p.instances[g][static_cast<size_t>(p.sync_instrs[g][k])];
-  };
+void run_sync(const Program& p, const std::vector<const Instr*>& at,
+              const std::vector<std::vector<char*>>& slots) {
+  (void)p;
+  const size_t n = at.size();
+  auto sync = [&](size_t g) -> const Instr& { return *at[g]; };
   if (sync(0).sync_send < 0) return;  // a barrier: reaching it was all
   std::vector<std::vector<char>> staged(n);
   for (size_t g = 0; g < n; ++g) {

@@ -89,7 +89,7 @@ TEST(NkiControl, AliasingArgumentsRunTheLoopInstructionByInstruction) {
   EXPECT_EQ(buf, std::vector<float>({8, 16, 24, 32}));
 }
 
-TEST(NkiControl, MalformedBranchesAndLoopsAroundSyncPointsFailToParse) {
+TEST(NkiControl, MalformedBranchesFailToParse) {
   auto error = [](Encoder e) {
     try {
       e.parse({"kernel.py:7"});
@@ -101,16 +101,51 @@ TEST(NkiControl, MalformedBranchesAndLoopsAroundSyncPointsFailToParse) {
   EXPECT_NE(error(counted_loop(1, 6)).find("kernel.py:7: in kernel 'test': branch target 6 past"),
             std::string::npos);
   EXPECT_NE(error(counted_loop(0, 5)).find("malformed branch"), std::string::npos);
-  // a core barrier inside the loop: between the head and the back edge
-  Encoder e({kF * 4, kF * 4, 4, 64});
-  e.w.insert(e.w.end(), {1, 4});
-  copy_to_register(e, 0, -1, 0, DType::k_int32);
-  copy_to_register(e, 1, 2, 0, DType::k_int32);
-  e.header(7, {1, 1}, 0, kAdd, false, 0);
-  e.operand(0, 1, 0, {0, 0});
-  e.w.insert(e.w.end(), {0, 0, 0, -1, -1});
-  branch(e, kBrAlways, {}, -1, 2, 0);
-  EXPECT_NE(error(e).find("inside a run-time loop"), std::string::npos) << error(e);
+}
+
+// Two instances, each: for _ in range(n[g]): core_barrier; out[g] += x. The barriers the
+// instances reach are matched as they run: the same counts meet, different ones are an error
+// (the hardware would hang).
+TEST(NkiControl, LoopsAroundSyncPointsMeetAsTheyRun) {
+  Encoder e({kF * 4, 2 * kF * 4, 8, 64});
+  e.w.push_back(2);
+  for (int g = 0; g < 2; ++g) {
+    e.w.push_back(6);
+    copy_to_register(e, 0, -1, 0, DType::k_int32);  // 0: counter = 0
+    copy_to_register(e, 1, 2, g, DType::k_int32);   // 1: stop = n[g]
+    branch(e, kBrExitGe, {0, 1}, 2, 6, 0);          // 2: head
+    e.header(7, {1, 1}, 0, kAdd, false, 0);         // 3: core barrier
+    e.operand(0, 1, 0, {0, 0});
+    e.w.insert(e.w.end(), {0, 0, 0, -1, -1});
+    e.header(0, {kF});  // 4: out[g] += x
+    e.operand(0, 1, g * kF, {1});
+    e.w.push_back(2);
+    e.operand(0, 1, g * kF, {1});
+    e.operand(0, 0, 0, {1});
+    e.w.insert(e.w.end(), {1, kAdd, 0, 1, 0, 0});
+    branch(e, kBrStep, {}, 0, 2, 1);  // 5: back to the head
+  }
+  auto p = e.parse({"kernel.py:7"});
+  std::vector<float> x = {1, 2, 3, 4};
+  for (bool same : {true, false}) {
+    std::vector<float> out(2 * kF, 0.0f);
+    int32_t n[2] = {3, same ? 3 : 2};
+    void* slots[] = {x.data(), out.data(), n, nullptr};
+    if (same) {
+      program_run(*p, slots);
+      EXPECT_EQ(out, std::vector<float>({3, 6, 9, 12, 3, 6, 9, 12}));
+      continue;
+    }
+    try {
+      program_run(*p, slots);
+      FAIL() << "no error";
+    } catch (const std::runtime_error& ex) {
+      EXPECT_NE(std::string(ex.what()).find("kernel.py:7: in kernel 'test': instance 0 reaches a "
+                                            "core barrier that instance 1 never reaches"),
+                std::string::npos)
+          << ex.what();
+    }
+  }
 }
 
 TEST(NkiControl, ALoopThatNeverEndsStopsWithAnErrorNamingItsLine) {

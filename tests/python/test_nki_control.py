@@ -271,17 +271,35 @@ def test_while_body_must_return_a_register():
         _error(k, rand(4, 4), count(1))
 
 
-def test_core_barrier_inside_a_run_time_loop_is_an_error():
+def test_sync_points_inside_run_time_loops_meet_as_the_cores_run():
+    """Two cores pass a running total around a ring once per iteration of a dynamic_range loop
+    (sendrecv, then a barrier before the next round's HBM write); the count read by each core.
+    Different counts on the two cores are an error (the hardware would wait forever)."""
     @nki.jit
     def k(x, n):
-        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-        for _ in nl.dynamic_range(load_register(n)):
-            nl.store(out, nl.load(x))
+        g = nl.program_id(0)
+        out = nl.ndarray((2, 1, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=acc, src=x[g])
+        got = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf)
+        for _ in nl.dynamic_range(load_register(n[g])):
+            nisa.sendrecv(src=acc, dst=got, send_to_rank=1 - g, recv_from_rank=1 - g,
+                          pipe_id=0)
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=got, op=nl.add)
             nisa.core_barrier(out, (0, 1))
+        nisa.dma_copy(dst=out[g], src=acc)
         return out
 
-    with pytest.raises(Exception, match="inside a run-time loop .* is not supported"):
-        k[2](rand(4, 4), count(1))
+    x = rand(2, 1, 8)
+    got = k[2](x, np.array([[[3]], [[3]]], np.int32))
+    a, b = x[0], x[1]
+    for _ in range(3):
+        a, b = a + b, b + a
+    np.testing.assert_allclose(got[0], a, rtol=1e-5)
+    np.testing.assert_allclose(got[1], b, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="test_nki_control.py.*instance 0 reaches a sendrecv "
+                                           "that instance 1 never reaches"):
+        k[2](x, np.array([[[3]], [[2]]], np.int32))
 
 
 def test_a_loop_that_never_ends_is_stopped_with_an_error():
