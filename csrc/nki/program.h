@@ -283,7 +283,7 @@ using GemmBackend = void (*)(int64_t M, int64_t N, int64_t K, const float* a, in
                              const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
 void set_gemm_backend(GemmBackend gemm);
 
-// Internals shared by program.cpp, rewrite.cpp, execute.cpp and matmul.cpp.
+// Internals shared by program.cpp, run.cpp, rewrite.cpp, execute.cpp and matmul.cpp.
 
 // The bytes one view operand touches: [lo, hi) over the whole iteration box, and [row_lo, row_hi)
 // at row 0 of axis 0, each later row row_stride further, over `rows` rows.

@@ -1,6 +1,6 @@
 // The sync points of a traced NKI program (kSync: nisa.core_barrier, nisa.sendrecv): the
 // parse-time rules that let a launch's instances run phase by phase, and the data a sendrecv
-// moves between phases. The phased run itself is program.cpp's (run_phased).
+// moves between phases. The phased run itself is run.cpp's (run_phased).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
