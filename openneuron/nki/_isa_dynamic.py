@@ -8,6 +8,8 @@ re-exports them."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from openneuron.nki import _emit, _trace
 from openneuron.nki._emit import Expr, emit, new_buffer
 from openneuron.nki._tensor import NkiTensor
@@ -94,30 +96,53 @@ def _register(name, reg):
     return reg
 
 
-def _scalar_tile(name, what, t):
-    if not isinstance(t, NkiTensor) or t.size != 1 or t._buf.kind != "sbuf":
-        fail(f"nisa.{name}: {what} must be a 1x1 SBUF tile, got {t!r}")
+def _scalar_tile(name, what, t, hbm=False):
+    if not isinstance(t, NkiTensor) or t.size != 1 or t._buf.kind == "psum" or \
+            (t._buf.kind == "hbm" and not hbm):
+        fail(f"nisa.{name}: {what} must be a one-element tensor in SBUF"
+             f"{' or HBM' if hbm else ''}, got {t!r}")
     return t
+
+
+def _exact(name, dst, src):
+    """dst <- src through the executor's integer scalar instruction (exact over int32) when
+    both are int32; else an elementwise copy (a float converted, through a float32 lane)."""
+    from openneuron.nki._scalar import _emit_scalar
+    if dst._buf.dtype == "int32" and (not isinstance(src, NkiTensor) or src._buf.dtype == "int32"):
+        _emit_scalar(f"nisa.{name}", "copy", src, dst=dst)
+    else:
+        _emit.copy_into(dst, src, allow_hbm=True)
+
+
+def _imm(name, x):
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or \
+            not -(1 << 31) <= int(x) < (1 << 31):
+        fail(f"nisa.{name}: the value must be an int32, got {x!r}")
+    return int(x)
 
 
 def register_alloc(x=0, **_):
     """A register holding the integer x: a one-element int32 SBUF tile, usable as a run-time
-    index (src[:, nl.ds(reg, n)]) of nisa.tensor_copy_dynamic_src / _dst."""
+    index (src[:, nl.ds(reg, n)]) of nisa.tensor_copy_dynamic_src / _dst, a scalar_offset or a
+    loop bound."""
     reg = new_buffer((1, 1), "int32", "sbuf")
-    _emit.copy_into(reg, int(x))
+    _exact("register_alloc", reg, _imm("register_alloc", x))
     return reg
 
 
 def register_move(dst, imm, **_):
     """dst (a register) <- the integer imm."""
-    _emit.copy_into(_register("register_move", dst), int(imm))
+    _exact("register_move", _register("register_move", dst), _imm("register_move", imm))
 
 
 def register_load(dst, src, **_):
-    """dst (a register) <- the value of src, a 1x1 SBUF tile (converted to int32)."""
-    _emit.copy_into(_register("register_load", dst), _scalar_tile("register_load", "src", src))
+    """dst (a register) <- the value of src, a one-element tensor in SBUF or HBM (int32 exactly;
+    another dtype converted)."""
+    _exact("register_load", _register("register_load", dst),
+           _scalar_tile("register_load", "src", src, hbm=True))
 
 
 def register_store(dst, src, **_):
-    """dst, a 1x1 SBUF tile <- the register src."""
-    _emit.copy_into(_scalar_tile("register_store", "dst", dst), _register("register_store", src))
+    """dst, a one-element tensor in SBUF or HBM <- the register src."""
+    _exact("register_store", _scalar_tile("register_store", "dst", dst, hbm=True),
+           _register("register_store", src))

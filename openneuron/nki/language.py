@@ -703,3 +703,11 @@ def device_print(print_prefix, tensor, **_):
     index = int(np.ravel_multi_index(t.program_ids, t.grid)) if t.grid else 0
     _emit.copy_into(NkiTensor(buf)[index], tensor, allow_hbm=True)
     t.prints.append((buf.id, str(print_prefix)))
+
+
+def __getattr__(name):
+    # nl.bool (nki-library's dtype lookup): a module global named `bool` would shadow the
+    # builtin inside this module, so it is served here
+    if name == "bool":
+        return np.bool_
+    raise AttributeError(f"module 'nki.language' has no attribute {name!r}")

@@ -460,3 +460,29 @@ def test_scalar_misuse_is_an_error():
     with pytest.raises(RuntimeError, match="test_nki_control.py.*integer scalar division by "
                                            "zero \\(7 / 0\\)"):
         kernel(lambda t: nisa.scalar_store(t, 7 // (nisa.scalar_load(t) - 3)))(n)
+
+
+def test_registers_hold_int32_exactly_and_load_from_hbm():
+    """register_load straight from an HBM tensor, register_move / register_alloc / the loop
+    bounds past float32's 2^24 (an NkiScalar's arithmetic), register_store back: every int32
+    value exactly."""
+    @nki.jit
+    def k(v):
+        out = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.shared_hbm)
+        a = nisa.register_alloc((1 << 30) + 1)
+        b = nisa.register_alloc()
+        nisa.register_load(b, v)  # v in HBM
+        c = nisa.register_alloc()
+        nisa.register_move(c, -(1 << 31))
+        d = nisa.register_alloc()
+        s = nisa.scalar_load(v)
+        for i in nl.dynamic_range(s, s + 2):  # bounds past 2^24: two iterations
+            nisa.register_store(d, i)
+        for j, r in enumerate((a, b, c, d)):
+            nisa.register_store(out[0:1, j:j + 1], r)
+        return out
+
+    v = (1 << 24) + 3
+    got = k(np.array([[v]], np.int32))
+    assert got.tolist() == [[(1 << 30) + 1, v, -(1 << 31), v + 1]]
+    assert nl.bool is np.bool_
