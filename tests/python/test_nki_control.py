@@ -486,3 +486,19 @@ def test_registers_hold_int32_exactly_and_load_from_hbm():
     got = k(np.array([[v]], np.int32))
     assert got.tolist() == [[(1 << 30) + 1, v, -(1 << 31), v + 1]]
     assert nl.bool is np.bool_
+
+
+def test_run_time_loop_kernel_as_a_custom_op_under_torch_compile():
+    """A kernel whose trip count is a tensor's value, registered as a custom op: one node
+    under torch.compile (Inductor on neuron), the same values as eager."""
+    op = nki.custom_op("nki_control_tests::repeat_add", repeat_add)
+    dev = torch.device("neuron")
+    x = torch.randn(128, 64, device=dev)
+    n = torch.tensor([[4]], dtype=torch.int32, device=dev)
+
+    def f(x, n):
+        return torch.relu(op(x, n)) - 1
+
+    eager = f(x, n)
+    torch.testing.assert_close(eager.cpu(), torch.relu(4 * x.cpu()) - 1, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(torch.compile(f)(x, n).cpu(), eager.cpu())
