@@ -49,6 +49,25 @@ OPENNEURON_INLINE void scatter(char* base, int64_t off, int64_t stride, int n, c
   }
 }
 
+// A copy of n lanes between views of one dtype moves their bytes, as a DMA does (int32 and
+// uint32 past 2^24 stay exact; floats keep their bits): through a chunk-sized staging buffer
+// unless both strides are 1, so an overlapping copy reads every lane before it writes any, as
+// through registers.
+OPENNEURON_INLINE void copy_bytes(size_t size, const char* from, int64_t from_stride, char* to,
+                                  int64_t to_stride, int n) {
+  if (from_stride == 1 && to_stride == 1) {
+    std::memmove(to, from, size * static_cast<size_t>(n));
+    return;
+  }
+  alignas(16) char staged[kChunk * 4];
+  for (int j = 0; j < n; ++j)
+    std::memcpy(staged + size * static_cast<size_t>(j),
+                from + static_cast<int64_t>(size) * from_stride * j, size);
+  for (int j = 0; j < n; ++j)
+    std::memcpy(to + static_cast<int64_t>(size) * to_stride * j,
+                staged + size * static_cast<size_t>(j), size);
+}
+
 OPENNEURON_INLINE void load_lanes(DType dt, const char* base, int64_t off, int64_t stride, int n,
                                   float* dst) {
   switch (dt) {
@@ -450,12 +469,11 @@ OPENNEURON_ISA_BODY void run_rows_body(const Instr& in, char* const* slots, uint
   const int last = in.ndim - 1;
   int64_t idx[kMaxDims] = {};
   unflatten(in, r0, idx, last);
-  // A float32 copy with unit strides (most loads and stores) moves bytes: the same bits as
-  // through float registers.
+  // A copy between views of one dtype (most loads and stores) moves bytes (copy_bytes).
   const Operand& s0 = in.src[0];
-  const bool raw_copy = in.steps.empty() && !in.accumulate && s0.type == Operand::kView &&
-                        s0.dtype == DType::k_float32 && in.dst.dtype == DType::k_float32 &&
-                        s0.stride[last] == 1 && in.dst.stride[last] == 1;
+  const bool raw_copy =
+      in.steps.empty() && !in.accumulate && s0.type == Operand::kView && s0.dtype == in.dst.dtype;
+  const size_t size = dtype_size(in.dst.dtype);
   Regs regs;
   float old[kChunk];
   for (int64_t r = r0; r < r1; ++r, advance(in, idx, last)) {
@@ -463,11 +481,12 @@ OPENNEURON_ISA_BODY void run_rows_body(const Instr& in, char* const* slots, uint
     lane_range(in, idx, &lo, &hi);
     const int64_t dst_off = outer_offset(in.dst, idx, last);
     if (raw_copy) {  // chunk by chunk, as through registers (an overlapping copy alike)
-      float* to = reinterpret_cast<float*>(slots[in.dst.slot]) + dst_off;
-      const float* from =
-          reinterpret_cast<const float*>(slots[s0.slot]) + outer_offset(s0, idx, last);
+      const int64_t from = outer_offset(s0, idx, last);
+      const int64_t fs = s0.stride[last], ts = in.dst.stride[last];
       for (int64_t j0 = lo; j0 < hi; j0 += kChunk)
-        std::memmove(to + j0, from + j0, sizeof(float) * std::min<int64_t>(kChunk, hi - j0));
+        copy_bytes(size, slots[s0.slot] + (from + fs * j0) * static_cast<int64_t>(size), fs,
+                   slots[in.dst.slot] + (dst_off + ts * j0) * static_cast<int64_t>(size), ts,
+                   static_cast<int>(std::min<int64_t>(kChunk, hi - j0)));
       continue;
     }
     for (int64_t j0 = lo; j0 < hi; j0 += kChunk) {
@@ -586,8 +605,8 @@ OPENNEURON_ISA_BODY void run_rows2_body(const Instr& in, char* const* slots, uin
   const Operand& d = in.dst;
   const Operand& s0 = in.src[0];
   const bool raw_copy = !reduce && n_steps == 0 && !in.accumulate && s0.type == Operand::kView &&
-                        s0.dtype == DType::k_float32 && d.dtype == DType::k_float32 &&
-                        s0.stride[1] == 1 && d.stride[1] == 1;
+                        s0.dtype == d.dtype;  // copy_bytes
+  const size_t size = dtype_size(d.dtype);
   RowRegs R;
   float old[kChunk];
   for (int i = 0; i < n_src; ++i) {
@@ -619,11 +638,12 @@ OPENNEURON_ISA_BODY void run_rows2_body(const Instr& in, char* const* slots, uin
     hi = std::max(lo, std::min(hi, lane1));
     const int64_t dst_row = d.offset + d.stride[0] * row;
     if (raw_copy) {  // chunk by chunk, as through registers (an overlapping copy alike)
-      float* to = reinterpret_cast<float*>(slots[d.slot]) + dst_row;
-      const float* from =
-          reinterpret_cast<const float*>(slots[s0.slot]) + s0.offset + s0.stride[0] * row;
+      const int64_t from = s0.offset + s0.stride[0] * row;
+      const int64_t fs = s0.stride[1], ts = d.stride[1];
       for (int64_t j0 = lo; j0 < hi; j0 += kChunk)
-        std::memmove(to + j0, from + j0, sizeof(float) * std::min<int64_t>(kChunk, hi - j0));
+        copy_bytes(size, slots[s0.slot] + (from + fs * j0) * static_cast<int64_t>(size), fs,
+                   slots[d.slot] + (dst_row + ts * j0) * static_cast<int64_t>(size), ts,
+                   static_cast<int>(std::min<int64_t>(kChunk, hi - j0)));
       continue;
     }
     float acc = reduce_identity(in.reduce_op);

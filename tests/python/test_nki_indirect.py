@@ -132,8 +132,7 @@ def test_dtypes_on_numpy(data_dtype, idx_dtype):
 
 
 def test_same_dtype_rows_move_as_bytes():
-    """int32 past 2^24 gathered HBM to HBM by nisa.dma_copy: the indirect copy moves bytes (the
-    tile loads and stores around it compute in float32, as every instruction here does)."""
+    """int32 past 2^24 gathered HBM to HBM by nisa.dma_copy: the indirect copy moves bytes."""
 
     @nki.jit
     def k(data, idx):

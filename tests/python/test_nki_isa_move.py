@@ -168,3 +168,34 @@ def test_nc_stream_shuffle_0x_unchanged_partitions_mask_and_limits():
     with pytest.raises(nki.NkiError, match="dst starts at partition 16; with 32 active"):
         run(lambda s, d: (nisa.nc_stream_shuffle(src=s[0:16], dst=d[16:32],
                                                  shuffle_mask=list(range(32))), d)[1], z, z)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int16, np.float16])
+def test_copies_of_one_dtype_move_bytes(dtype):
+    """nl.load / nl.store, a strided nisa.dma_copy (every other column, a transposing view) and
+    nisa.tensor_copy between views of one dtype keep every bit, as a DMA does: int32 / uint32
+    past 2^24 (a float32 lane would round them), a float16 NaN's payload."""
+    @nki.jit
+    def k(x):
+        out = nl.ndarray((3,) + x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        nl.store(out[0], t)
+        u = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=u, src=t)
+        nisa.dma_copy(dst=out[1, :, 0:x.shape[1]:2], src=u[:, 1:x.shape[1]:2])
+        nisa.dma_copy(dst=out[1, :, 1:x.shape[1]:2], src=u[:, 0:x.shape[1]:2])
+        nisa.dma_copy(dst=out[2], src=x)
+        return out
+
+    bits = RNG.integers(0, 1 << 32, size=(16, 8), dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.int32).astype(dtype) if dtype != np.float16 else \
+        (bits & 0xFFFF).astype(np.uint16).view(np.float16)
+    if dtype == np.float16:
+        x[0, 0] = np.uint16(0x7E01).view(np.float16)  # a NaN with a payload
+    got = k(x)
+    swapped = x.copy()
+    swapped[:, 0::2], swapped[:, 1::2] = x[:, 1::2], x[:, 0::2]
+    view = (lambda a: a.view(np.uint16)) if dtype == np.float16 else (lambda a: a)
+    np.testing.assert_array_equal(view(got[0]), view(x))
+    np.testing.assert_array_equal(view(got[1]), view(swapped))
+    np.testing.assert_array_equal(view(got[2]), view(x))
