@@ -1,7 +1,8 @@
-"""Loops whose trip count is known only when the kernel runs: nl.dynamic_range, nl.fori_loop and
-nl.while_loop (NKI's hardware loops). The body is traced once, between branch instructions
-(csrc/nki/program.h kBranch, control.cpp) that run it as many times as its registers say; a
-register is a one-element int32 SBUF tile (_isa_dynamic.py).
+"""Control flow decided when the kernel runs: the loops nl.dynamic_range, nl.fori_loop and
+nl.while_loop (NKI's hardware loops) and nl.if_else. The body is traced once, between branch
+instructions (csrc/nki/program.h kBranch, control.cpp) that run it as many times as its bounds
+say; a register is a one-element int32 SBUF tile (_isa_dynamic.py), an NkiScalar one too
+(_scalar.py).
 
     counted loop                          while loop
       counter <- start, stop' <- stop       cond <- init
@@ -14,7 +15,7 @@ Bounds are read once, when the loop starts (by value, as the hardware loop does)
 register is a copy (writing it does not change the loop). Other state goes through tiles or HBM
 written in place: a Python variable rebound in the body names a new tile in the trace, not the
 next iteration's value. Tiles made before the loop stay in use through it (capacity and
-placement). Language.py re-exports the three."""
+placement). language.py re-exports the four."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from openneuron.nki import _emit, _trace
 from openneuron.nki._emit import new_buffer
-from openneuron.nki._scalar import NkiScalar, _emit_scalar
+from openneuron.nki._scalar import NkiScalar, emit_scalar
 from openneuron.nki._tensor import NkiTensor
 from openneuron.nki._trace import KIND_BRANCH, Instr, Operand, fail
 
@@ -58,7 +59,7 @@ def _copied(name: str, what: str, v) -> NkiTensor:
              f"got {type(v).__name__}")
     else:
         _scalar_tile(name, what, v)
-    return _emit_scalar(name, "copy", v, dst=_register())
+    return emit_scalar(name, "copy", v, dst=_register())
 
 
 def _branch(cond: int, srcs=(), dst: NkiTensor | None = None, step: int = 0) -> Instr:
@@ -114,9 +115,10 @@ def _counted(name, start, stop, step):
 
 def dynamic_range(start, stop=None, step=1, **_):
     """A loop run on the device: `for i in nl.dynamic_range(n)` traces its body once and runs it
-    for i = start, start + step, ... < stop, those read when the loop starts (ints or registers
-    from nisa.register_alloc / register_load); i is a register (use it as an ap scalar_offset or
-    in nl.ds). `break` and `return` inside the body are errors."""
+    for i = start, start + step, ... < stop, those read when the loop starts (ints, NkiScalars
+    or registers from nisa.register_alloc / register_load); i is a register when a bound is
+    one, else an NkiScalar (an ap scalar_offset, an nl.ds start, arithmetic). `break` and
+    `return` inside the body are errors."""
     if stop is None:
         start, stop = 0, start
     return _counted("nl.dynamic_range", start, stop, step)
@@ -124,7 +126,7 @@ def dynamic_range(start, stop=None, step=1, **_):
 
 def fori_loop(lower, upper, body_fun, step=1, **_):
     """body_fun(i) for i in range(lower, upper, step) on the device (dynamic_range's loop);
-    i is a register, passed by value."""
+    i (a register or an NkiScalar, as there) passed by value."""
     if not callable(body_fun):
         fail(f"nl.fori_loop: body_fun must be callable, got {type(body_fun).__name__}")
     for i in _counted("nl.fori_loop", lower, upper, step):
@@ -146,7 +148,7 @@ def while_loop(init, body_fun, **_):
             not nxt._buf.dtype.startswith(("int", "uint")):
         fail(f"nl.while_loop: body_fun must return the register holding the next condition "
              f"(nisa.register_alloc / register_load), got {nxt!r}")
-    _emit_scalar("nl.while_loop", "copy", nxt, dst=cond)
+    emit_scalar("nl.while_loop", "copy", nxt, dst=cond)
     back = _branch(_ALWAYS)
     back.target = (head, 0)
     head.target = (back, 1)

@@ -107,9 +107,9 @@ def _scalar_tile(name, what, t, hbm=False):
 def _exact(name, dst, src):
     """dst <- src through the executor's integer scalar instruction (exact over int32) when
     both are int32; else an elementwise copy (a float converted, through a float32 lane)."""
-    from openneuron.nki._scalar import _emit_scalar
+    from openneuron.nki._scalar import emit_scalar
     if dst._buf.dtype == "int32" and (not isinstance(src, NkiTensor) or src._buf.dtype == "int32"):
-        _emit_scalar(f"nisa.{name}", "copy", src, dst=dst)
+        emit_scalar(f"nisa.{name}", "copy", src, dst=dst)
     else:
         _emit.copy_into(dst, src, allow_hbm=True)
 

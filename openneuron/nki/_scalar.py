@@ -52,7 +52,7 @@ def _operand(name, x):
     fail(f"{name}: a scalar operand must be an NkiScalar or an int, got {type(x).__name__}")
 
 
-def _emit_scalar(name: str, op: str, a, b=0, dst: NkiTensor | None = None) -> NkiTensor:
+def emit_scalar(name: str, op: str, a, b=0, dst: NkiTensor | None = None) -> NkiTensor:
     """dst (a new scalar unless given) = op(a, b) as the executor's scalar instruction."""
     from openneuron.nki import _emit
     t = _trace.current()
@@ -115,7 +115,7 @@ class NkiScalar(NkiTensor):
         return self._alu("fmod", o, True)
 
     def __neg__(self):
-        return _emit_scalar("NkiScalar", "subtract", 0, self)
+        return emit_scalar("NkiScalar", "subtract", 0, self)
 
     def __pos__(self):
         return self
@@ -167,7 +167,7 @@ def scalar_alu(data1, data2, op, name=None, **_):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
                 fail(f"nisa.scalar_alu: operands are NkiScalars or ints, got {type(v).__name__}")
         return _python(op, int(data1), int(data2))
-    return _emit_scalar("nisa.scalar_alu", op, data1, data2)
+    return emit_scalar("nisa.scalar_alu", op, data1, data2)
 
 
 def scalar_load(src, **_):
@@ -180,7 +180,7 @@ def scalar_load(src, **_):
         fail(f"nisa.scalar_load: src is {src._buf.dtype}; {what}")
     if src._buf.kind == "psum":
         fail("nisa.scalar_load: src must be in SBUF or HBM, not PSUM")
-    return _emit_scalar("nisa.scalar_load", "copy", src)
+    return emit_scalar("nisa.scalar_load", "copy", src)
 
 
 def scalar_store(dst, value, **_):
@@ -191,4 +191,4 @@ def scalar_store(dst, value, **_):
     if not isinstance(dst, NkiTensor) or dst.size != 1 or dst._buf.dtype != "int32" or \
             dst._buf.kind == "psum":
         fail(f"nisa.scalar_store: dst must be a 1x1 int32 tensor in SBUF or HBM, got {dst!r}")
-    _emit_scalar("nisa.scalar_store", "copy", value, dst=dst)
+    emit_scalar("nisa.scalar_store", "copy", value, dst=dst)
