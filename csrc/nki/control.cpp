@@ -2,7 +2,7 @@
 // nl.fori_loop and nl.while_loop, traced once and run as many times as their registers say, and
 // nl.if_else): the parse-time rules, each branch's condition, the guard against a loop that
 // never ends; and the integer scalars those read (kScalar: NkiScalar arithmetic). Following the
-// jumps is run.cpp's (run_groups, run_in_order). Semantics: Instr in program.h.
+// jumps is run.cpp's (follow). Semantics: Instr in program.h.
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>

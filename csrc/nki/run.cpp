@@ -92,7 +92,7 @@ void run_one(const Program& p, const Instr& in, char* const* slots, bool paralle
       run_scalar(p, in, slots);
       break;
     case Kind::kSync:    // a phase boundary: run_phased moves its data
-    case Kind::kBranch:  // run_groups / run_in_order follow it
+    case Kind::kBranch:  // follow() takes it
       break;
     default:
       run_elementwise(in, slots, parallel, seed);
@@ -123,55 +123,48 @@ void run_group(const Program& p, const std::vector<Instr>& instrs, const Group& 
     rows(0, g.rows);
 }
 
-// An instance's schedule from group k on, following its branches, up to its next sync point
-// (returns that group's index; a phased run moves its data) or the end (returns the group
-// count). *back counts the backward jumps of the whole run (loop_guard).
-size_t run_groups(const Program& p, const std::vector<Instr>& instrs,
-                  const std::vector<Group>& groups, size_t k, char* const* slots, bool parallel,
-                  uint64_t seed, int64_t* back) {
-  while (k < groups.size()) {
-    const Instr& first = instrs[static_cast<size_t>(groups[k].begin)];
-    if (first.kind == Kind::kSync) return k;
-    if (first.kind != Kind::kBranch) {
-      run_group(p, instrs, groups[k], slots, parallel, seed);
+// Positions [k, n) of an instance, following its branches, up to its next sync point (returns
+// its position; a phased run moves its data) or the end (returns n). first(k): the instruction
+// a position starts with; run(k) runs the position; target(b): where branch b jumps. *back
+// counts the backward jumps of the whole run (loop_guard).
+template <class First, class Run, class Target>
+size_t follow(const Program& p, size_t k, size_t n, char* const* slots, int64_t* back, First first,
+              Run run, Target target) {
+  while (k < n) {
+    const Instr& in = first(k);
+    if (in.kind == Kind::kSync) return k;
+    if (in.kind != Kind::kBranch) {
+      run(k);
       ++k;
-    } else if (!branch_taken(first, slots)) {
+    } else if (!branch_taken(in, slots)) {
       ++k;
     } else {
-      const auto to = static_cast<size_t>(first.br_group);
-      if (to <= k) loop_guard(p, first, back);
+      const size_t to = target(in);
+      if (to <= k) loop_guard(p, in, back);
       k = to;
     }
   }
   return k;
 }
 
-// The same instruction by instruction, as written (aliasing slots).
-size_t run_in_order(const Program& p, const std::vector<Instr>& instrs, size_t i,
-                    char* const* slots, bool parallel, uint64_t seed, int64_t* back) {
-  while (i < instrs.size()) {
-    const Instr& in = instrs[i];
-    if (in.kind == Kind::kSync) return i;
-    if (in.kind != Kind::kBranch) {
-      run_one(p, in, slots, parallel, seed);
-      ++i;
-    } else if (!branch_taken(in, slots)) {
-      ++i;
-    } else {
-      const auto to = static_cast<size_t>(in.br_target);
-      if (to <= i) loop_guard(p, in, back);
-      i = to;
-    }
-  }
-  return i;
-}
-
-// Instance g from position `at` (a group, or an instruction with in_order) to its next sync
-// point or its end; returns where it stopped.
+// Instance g from position `at` to its next sync point or its end, returning where it stopped:
+// its schedule's groups, or (in_order, aliasing slots) its instructions as written.
 size_t run_phase(const Program& p, size_t g, size_t at, char* const* slots, bool parallel,
                  bool in_order, uint64_t seed, int64_t* back) {
-  if (in_order) return run_in_order(p, p.instances[g], at, slots, parallel, seed, back);
-  return run_groups(p, p.rewritten[g], p.schedules[g], at, slots, parallel, seed, back);
+  if (in_order) {
+    const std::vector<Instr>& instrs = p.instances[g];
+    return follow(
+        p, at, instrs.size(), slots, back, [&](size_t i) -> const Instr& { return instrs[i]; },
+        [&](size_t i) { run_one(p, instrs[i], slots, parallel, seed); },
+        [](const Instr& b) { return static_cast<size_t>(b.br_target); });
+  }
+  const std::vector<Instr>& instrs = p.rewritten[g];
+  const std::vector<Group>& groups = p.schedules[g];
+  return follow(
+      p, at, groups.size(), slots, back,
+      [&](size_t k) -> const Instr& { return instrs[static_cast<size_t>(groups[k].begin)]; },
+      [&](size_t k) { run_group(p, instrs, groups[k], slots, parallel, seed); },
+      [](const Instr& b) { return static_cast<size_t>(b.br_group); });
 }
 
 // A program with core barriers or sendrecvs: instances run phase by phase (all of them up to
