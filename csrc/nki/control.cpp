@@ -15,12 +15,6 @@
 namespace openneuron::nki {
 namespace {
 
-std::string where(const Program& p, const Instr& in) {
-  return in.line >= 0 && static_cast<size_t>(in.line) < p.lines.size()
-             ? p.lines[static_cast<size_t>(in.line)]
-             : std::string("<unknown>");
-}
-
 int64_t read_int(const Operand& o, char* const* slots) {
   return load_integer(o.dtype, slots[o.slot], o.offset);  // a view: the parser's rule
 }
@@ -36,7 +30,7 @@ void find_branches(Program& p) {
       const Instr& in = instrs[i];
       if (in.kind != Kind::kBranch) continue;
       auto fail = [&](const std::string& what) {
-        throw std::invalid_argument(where(p, in) + ": in kernel '" + p.name + "': " + what);
+        throw std::invalid_argument(kernel_where(p, in) + what);
       };
       const auto to = static_cast<size_t>(in.br_target);
       if (to > n) fail("branch target " + std::to_string(to) + " past the program's end");
@@ -74,8 +68,7 @@ bool branch_taken(const Instr& in, char* const* slots) {
 void loop_guard(const Program& p, const Instr& in, int64_t* count) {
   if (++*count <= kMaxBackJumps) return;
   throw std::runtime_error(
-      where(p, in) + ": in kernel '" + p.name + "': a run-time loop has gone round " +
-      std::to_string(kMaxBackJumps) +
+      kernel_where(p, in) + "a run-time loop has gone round " + std::to_string(kMaxBackJumps) +
       " times in one launch and is stopped (on the hardware a loop whose condition never "
       "ends it hangs the NeuronCore): check the register its condition reads (nl.while_loop: the "
       "register the body returns must become 0)");
@@ -105,9 +98,9 @@ void run_scalar(const Program& p, const Instr& in, char* const* slots) {
     case Op::k_divide:
     case Op::k_mod:
       if (b == 0)
-        throw std::runtime_error(where(p, in) + ": in kernel '" + p.name +
-                                 "': integer scalar division by zero (" + std::to_string(a) +
-                                 (in.sc_op == Op::k_divide ? " / 0" : " % 0") + ")");
+        throw std::runtime_error(kernel_where(p, in) + "integer scalar division by zero (" +
+                                 std::to_string(a) + (in.sc_op == Op::k_divide ? " / 0" : " % 0") +
+                                 ")");
       v = in.sc_op == Op::k_divide ? a / b : a % b;  // toward zero; the remainder takes a's sign
       break;
     case Op::k_maximum:

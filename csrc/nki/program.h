@@ -326,8 +326,9 @@ void find_sync_points(Program& p);
 // line (on the hardware the launch would hang).
 std::string sync_step_error(const Program& p, const std::vector<const Instr*>& at);
 // Moves the data of those sync points; slots[g]: instance g's.
-void run_sync(const Program& p, const std::vector<const Instr*>& at,
-              const std::vector<std::vector<char*>>& slots);
+void run_sync(const std::vector<const Instr*>& at, const std::vector<std::vector<char*>>& slots);
+// "file:line: in kernel 'name': " of an instruction, the start of an error naming it.
+std::string kernel_where(const Program& p, const Instr& in);
 // control.cpp. Checks every kBranch of every instance (targets in range, starting a group) and
 // sets br_group (throws std::invalid_argument
 // naming the kernel line).

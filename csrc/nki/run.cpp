@@ -225,7 +225,7 @@ void run_phased(const Program& p, void* const* slots, bool in_order, uint64_t se
     const std::string error = sync_step_error(p, reached);
     if (!error.empty()) throw std::runtime_error(error);
     if (reached[0] == nullptr) return;  // all at their end
-    run_sync(p, reached, local);
+    run_sync(reached, local);
     for (size_t& at : pos) ++at;
   }
 }

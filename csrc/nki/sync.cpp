@@ -15,13 +15,6 @@ namespace openneuron::nki {
 
 namespace {
 
-std::string where(const Program& p, const Instr& at) {
-  return (at.line >= 0 && static_cast<size_t>(at.line) < p.lines.size()
-              ? p.lines[static_cast<size_t>(at.line)]
-              : std::string("<unknown>")) +
-         ": in kernel '" + p.name + "': ";
-}
-
 bool has_branches(const Program& p) {
   for (const std::vector<Instr>& instrs : p.instances)
     for (const Instr& in : instrs)
@@ -30,6 +23,13 @@ bool has_branches(const Program& p) {
 }
 
 }  // namespace
+
+std::string kernel_where(const Program& p, const Instr& in) {
+  return (in.line >= 0 && static_cast<size_t>(in.line) < p.lines.size()
+              ? p.lines[static_cast<size_t>(in.line)]
+              : std::string("<unknown>")) +
+         ": in kernel '" + p.name + "': ";
+}
 
 std::string sync_step_error(const Program& p, const std::vector<const Instr*>& at) {
   const size_t n = at.size();
@@ -40,7 +40,7 @@ std::string sync_step_error(const Program& p, const std::vector<const Instr*>& a
     size_t g = 0, h = 0;
     while (at[g] != nullptr) ++g;  // ended
     while (at[h] == nullptr) ++h;  // waits
-    return where(p, *at[h]) + "instance " + std::to_string(h) + " reaches a " +
+    return kernel_where(p, *at[h]) + "instance " + std::to_string(h) + " reaches a " +
            (at[h]->sync_send < 0 ? "core barrier" : "sendrecv") + " that instance " +
            std::to_string(g) +
            " never reaches (it ended); every NeuronCore of a launch must reach the same core "
@@ -51,21 +51,22 @@ std::string sync_step_error(const Program& p, const std::vector<const Instr*>& a
   for (size_t g = 0; g < n; ++g) {
     const Instr& in = *at[g];
     if ((in.sync_send < 0) != barrier)
-      return where(p, in) + "instance " + std::to_string(g) + " reaches a " +
+      return kernel_where(p, in) + "instance " + std::to_string(g) + " reaches a " +
              (barrier ? "sendrecv" : "core barrier") + " where instance 0 reaches a " +
              (barrier ? "core barrier" : "sendrecv");
     if (barrier) continue;
     const auto peer = static_cast<size_t>(in.sync_recv);
     if (peer >= n || static_cast<size_t>(in.sync_send) >= n)
-      return where(p, in) + "sendrecv between instance " + std::to_string(g) + " and rank " +
+      return kernel_where(p, in) + "sendrecv between instance " + std::to_string(g) + " and rank " +
              std::to_string(peer >= n ? in.sync_recv : in.sync_send) + " of a launch of " +
              std::to_string(n);
     const Instr& from = *at[peer];
     if (static_cast<size_t>(from.sync_send) != g)
-      return where(p, in) + "sendrecv: instance " + std::to_string(g) + " receives from rank " +
-             std::to_string(peer) + ", which sends to rank " + std::to_string(from.sync_send);
+      return kernel_where(p, in) + "sendrecv: instance " + std::to_string(g) +
+             " receives from rank " + std::to_string(peer) + ", which sends to rank " +
+             std::to_string(from.sync_send);
     if (from.extent[0] != in.extent[0] || from.extent[1] != in.extent[1])
-      return where(p, in) + "sendrecv: instance " + std::to_string(g) + " receives [" +
+      return kernel_where(p, in) + "sendrecv: instance " + std::to_string(g) + " receives [" +
              std::to_string(in.extent[0]) + ", " + std::to_string(in.extent[1]) + "] from rank " +
              std::to_string(peer) + ", which sends [" + std::to_string(from.extent[0]) + ", " +
              std::to_string(from.extent[1]) + "]";
@@ -89,7 +90,7 @@ void find_sync_points(Program& p) {
       const size_t extra = std::min(count, points[g].size());
       const Instr& at = points[g].size() > count ? *points[g][extra] : *points[0][extra];
       throw std::invalid_argument(
-          where(p, at) + "instance " + std::to_string(g) + " reaches " +
+          kernel_where(p, at) + "instance " + std::to_string(g) + " reaches " +
           std::to_string(points[g].size()) + " core barriers / sendrecvs and instance 0 " +
           std::to_string(count) +
           "; every NeuronCore of a launch must reach the same ones, in the same order (on the "
@@ -106,9 +107,7 @@ void find_sync_points(Program& p) {
 // The data of the sync points the instances reached (at[g]: instance g's): each sendrecv's
 // source read first (into a staging copy, in its dtype), then written into its receiver's dst
 // (converted when the dtypes differ), so an exchange through shared HBM reads the old values.
-void run_sync(const Program& p, const std::vector<const Instr*>& at,
-              const std::vector<std::vector<char*>>& slots) {
-  (void)p;
+void run_sync(const std::vector<const Instr*>& at, const std::vector<std::vector<char*>>& slots) {
   const size_t n = at.size();
   auto sync = [&](size_t g) -> const Instr& { return *at[g]; };
   if (sync(0).sync_send < 0) return;  // a barrier: reaching it was all

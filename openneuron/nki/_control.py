@@ -23,7 +23,7 @@ import numpy as np
 
 from openneuron.nki import _emit, _trace
 from openneuron.nki._emit import new_buffer
-from openneuron.nki._scalar import NkiScalar, emit_scalar
+from openneuron.nki._scalar import NkiScalar, emit_scalar, scalar_operand
 from openneuron.nki._tensor import NkiTensor
 from openneuron.nki._trace import KIND_BRANCH, Instr, Operand, fail
 
@@ -33,11 +33,6 @@ _STEP_LIMIT = 1 << 24  # the executor's loop step (an immediate)
 
 def _register() -> NkiTensor:
     return new_buffer((1, 1), "int32", "sbuf")
-
-
-def _operand(reg: NkiTensor) -> Operand:
-    _emit._touch_read(reg._buf)
-    return Operand(0, reg._buf.dtype, reg._buf.id, reg.offset, [0])
 
 
 def _scalar_tile(name: str, what: str, v) -> NkiTensor:
@@ -67,7 +62,8 @@ def _branch(cond: int, srcs=(), dst: NkiTensor | None = None, step: int = 0) -> 
     d = Operand(0, "int32", dst._buf.id, dst.offset, [0]) if dst is not None else Operand(1)
     if dst is not None:
         _emit._touch_write(dst._buf, True)
-    ins = Instr(KIND_BRANCH, [1], d, [_operand(s) for s in srcs], line=t.line())
+    ins = Instr(KIND_BRANCH, [1], d, [scalar_operand("branch", s)[0] for s in srcs],
+                line=t.line())
     ins.extra = (cond, step)
     return t.add(ins)
 

@@ -35,7 +35,7 @@ def _python(op: str, a: int, b: int):
             "equal": a == b, "not_equal": a != b}[op]
 
 
-def _operand(name, x):
+def scalar_operand(name, x):
     """(Operand, exact constant) of an operand: a scalar or a one-element integer SBUF / HBM
     tile, or a Python int."""
     if isinstance(x, NkiTensor):
@@ -56,8 +56,8 @@ def emit_scalar(name: str, op: str, a, b=0, dst: NkiTensor | None = None) -> Nki
     """dst (a new scalar unless given) = op(a, b) as the executor's scalar instruction."""
     from openneuron.nki import _emit
     t = _trace.current()
-    oa, ca = _operand(name, a)
-    ob, cb = _operand(name, b)
+    oa, ca = scalar_operand(name, a)
+    ob, cb = scalar_operand(name, b)
     out = dst if dst is not None else NkiScalar(new_buffer((1, 1), "int32", "sbuf")._buf)
     d = Operand(0, "int32", out._buf.id, out.offset, [0])
     ins = Instr(KIND_SCALAR, [1], d, [oa, ob], line=t.line())
